@@ -1,0 +1,55 @@
+"""What the queue manager needs from the outside world, and what it answers.
+
+An *instance* is "something that embeds a batch": the queue manager knows nothing about
+models, devices or processes. `windve` adapts engines (in-process, one feeding thread) and
+pinned CPU worker processes to this protocol.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+
+class Busy(Exception):
+    """Every pool that may take the request is full; nothing of it stays queued."""
+
+    def __init__(self, retry_after: float, message: str = "all queues are full") -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class InstanceFailed(RuntimeError):
+    """An instance could not embed a batch (it errored, or its process died)."""
+
+
+class QueryFailed(RuntimeError):
+    """An admitted query could not be answered by any instance of its pool."""
+
+
+class ShuttingDown(Busy):
+    """The service is draining: it admits nothing new."""
+
+
+@runtime_checkable
+class Instance(Protocol):
+    """One model instance. `embed` runs off the event loop and is called by one batcher only."""
+
+    name: str
+
+    async def start(self) -> None:
+        """Load and warm up; raise on failure."""
+
+    async def embed(self, sequences: Sequence[np.ndarray]) -> np.ndarray:
+        """Token-id sequences (unpadded, int) -> float32 [len(sequences), dim], pooled.
+
+        Raises InstanceFailed when the instance can no longer serve (e.g. its process died).
+        """
+
+    async def restart(self) -> None:
+        """Bring a failed instance back; raise if it cannot be."""
+
+    async def close(self) -> None:
+        """Release processes, threads and memory; idempotent."""

@@ -1,0 +1,39 @@
+"""The engine interface and the padding every engine shares."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+
+
+class Engine(Protocol):
+    """Embeds one padded batch. Pooled, not normalized: the caller normalizes per request."""
+
+    dim: int
+    device: str
+
+    def embed(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        """int64 [B, L] ids and mask -> float32 [B, dim] pooled embeddings."""
+        ...
+
+
+def pad_batch(sequences: Sequence[np.ndarray], pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Right-pad token-id sequences to the longest one: (input_ids, attention_mask), int64."""
+    longest = max(len(seq) for seq in sequences)
+    input_ids = np.full((len(sequences), longest), pad_id, dtype=np.int64)
+    attention_mask = np.zeros((len(sequences), longest), dtype=np.int64)
+    for row, seq in enumerate(sequences):
+        input_ids[row, : len(seq)] = seq
+        attention_mask[row, : len(seq)] = 1
+    return input_ids, attention_mask
+
+
+def mean_or_cls_pool_numpy(hidden: np.ndarray, attention_mask: np.ndarray, pooling: str) -> np.ndarray:
+    if pooling == "cls":
+        return np.ascontiguousarray(hidden[:, 0], dtype=np.float32)
+    mask = attention_mask[:, :, None].astype(hidden.dtype)
+    summed = (hidden * mask).sum(axis=1)
+    counts = np.clip(mask.sum(axis=1), 1e-9, None)
+    return (summed / counts).astype(np.float32)

@@ -1,0 +1,152 @@
+"""Every knob of the service, read once at the edge and passed down as plain values.
+
+Sources, highest priority first: CLI flags of `windve serve`, environment variables
+`WINDVE_<NAME>`, a YAML/JSON config file (`--config` / `WINDVE_CONFIG`), defaults.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+
+class SettingsError(ValueError):
+    """Invalid settings: the message names each offending setting."""
+
+
+class InstanceConfig(BaseModel):
+    """One instance of an explicit device plan (config file `plan:` list)."""
+
+    model_config = {"extra": "forbid"}
+
+    pool: Literal["accelerator", "cpu"]
+    device: str = "cpu"  # cpu | cuda:N | npu:N
+    cores: list[int] = Field(default_factory=list)
+    tp: int = 1
+    engine: Literal["torch", "onnx"] | None = None
+    threads: int | None = None
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="WINDVE_", extra="forbid", validate_default=True, env_nested_delimiter="__"
+    )
+
+    # HTTP
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=1, le=65535)
+    api_key: str | None = None
+    max_client_batch_size: int = Field(64, ge=1)
+    max_request_bytes: int = Field(2 * 1024 * 1024, ge=1024)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    # Model
+    model: str | None = None  # local folder or model id; None = bundled all-MiniLM-L6-v2
+    revision: str | None = None
+    trust_remote_code: bool = False
+    engine: Literal["torch", "onnx"] = "torch"
+    dtype: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    onnx_cache_dir: Path = Path(os.path.expanduser("~/.cache/windve/onnx"))
+    truncate: bool = True  # default for requests that do not say
+    max_input_tokens: int | None = Field(None, ge=8)  # cap below the model's own limit
+
+    # Batching and queueing
+    max_batch_size: int = Field(32, ge=1)
+    max_batch_tokens: int = Field(16384, ge=64)
+    slo_seconds: float = Field(1.0, gt=0)
+    heterogeneous: bool = True
+    accelerator_depth: int | None = Field(None, ge=1)  # queries; None = calibration or default
+    cpu_depth: int | None = Field(None, ge=1)
+    calibration_file: Path | None = None
+
+    # Devices
+    device: Literal["auto", "cpu", "cuda", "npu"] = "auto"
+    sysfs_root: Path = Path("/sys")
+    reserved_cores: list[int] | None = None  # None = the detector's rule
+    cpu_layout: Literal["per-node", "tp", "explicit"] = "per-node"
+    cpu_worker_processes: bool = True
+    plan: list[InstanceConfig] | None = None  # explicit plan, normally from the config file
+
+    # State
+    redis_url: str | None = None
+    cache_size: int = Field(100_000, ge=0)  # in-process LRU entries; 0 = off
+    cache_ttl_seconds: int = Field(7 * 24 * 3600, ge=1)
+    redis_timeout_seconds: float = Field(0.05, gt=0)
+
+    @field_validator("reserved_cores", mode="before")
+    @classmethod
+    def _cores_from_text(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            from devices.cpulist import parse_cpulist
+
+            return sorted(parse_cpulist(value))
+        return value
+
+    @model_validator(mode="after")
+    def _explicit_plan_needs_plan(self) -> "Settings":
+        if self.cpu_layout == "explicit" and not self.plan:
+            raise ValueError("cpu_layout=explicit needs a `plan:` list in the config file")
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, _ConfigFileSource(settings_cls))
+
+
+class _ConfigFileSource(PydanticBaseSettingsSource):
+    """Reads the file named by WINDVE_CONFIG (YAML or JSON; JSON is YAML)."""
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        path = os.environ.get("WINDVE_CONFIG")
+        return read_config_file(Path(path)) if path else {}
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise SettingsError(f"config file {path}: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise SettingsError(f"config file {path} is not valid YAML/JSON: {exc}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise SettingsError(f"config file {path} must hold a mapping of settings")
+    return {key.replace("-", "_"): value for key, value in data.items()}
+
+
+def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
+    """Build settings from all sources; raise SettingsError naming each bad setting."""
+    if config_file is not None:
+        os.environ["WINDVE_CONFIG"] = str(config_file)
+    given = {key: value for key, value in overrides.items() if value is not None}
+    try:
+        return Settings(**given)
+    except ValidationError as exc:
+        raise SettingsError(describe_validation_error(exc)) from None
+
+
+def describe_validation_error(exc: ValidationError) -> str:
+    lines = []
+    for error in exc.errors():
+        name = ".".join(str(part) for part in error["loc"]) or "settings"
+        value = error.get("input")
+        shown = f" (got {value!r})" if not isinstance(value, dict) and value is not None else ""
+        lines.append(f"invalid setting {name} (env WINDVE_{str(error['loc'][0]).upper() if error['loc'] else ''}): {error['msg']}{shown}")
+    return "\n".join(lines)
