@@ -14,7 +14,11 @@ TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.flo
 def load_encoder(spec: ModelSpec, dtype: str = "fp32", attn: str = "sdpa") -> torch.nn.Module:
     """The transformers encoder in eval mode, weights from safetensors only."""
     from transformers import AutoModel
+    from transformers.utils import logging as hf_logging
 
+    # Its load report flags the unused pooler head as UNEXPECTED: noise for an embedder.
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
     model = AutoModel.from_pretrained(
         spec.path,
         dtype=TORCH_DTYPES[dtype],

@@ -1,0 +1,120 @@
+"""Pools, their instances' queues, and the bookkeeping of admitted queries.
+
+Everything here runs on the event loop thread only, so plain integers and deques are
+safe without locks; that keeps dispatch at a few microseconds per query.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from queue_manager.protocol import Instance
+
+
+class Request:
+    """One admitted HTTP request: its queries' results land here, in input order."""
+
+    __slots__ = ("n", "remaining", "vectors", "future", "error", "queries", "created")
+
+    def __init__(self, n: int, loop: asyncio.AbstractEventLoop) -> None:
+        self.n = n
+        self.remaining = n
+        self.vectors: np.ndarray | None = None
+        self.future: asyncio.Future = loop.create_future()
+        self.error: BaseException | None = None
+        self.queries: list[Query] = []
+        self.created = time.perf_counter()
+
+    def deliver(self, index: int, vector: np.ndarray) -> None:
+        if self.vectors is None:
+            self.vectors = np.empty((self.n, vector.shape[-1]), dtype=np.float32)
+        self.vectors[index] = vector
+        self.remaining -= 1
+        if self.remaining == 0 and not self.future.done():
+            self.future.set_result(self.vectors)
+
+    def fail(self, error: BaseException) -> None:
+        if not self.future.done():
+            self.future.set_exception(error)
+
+
+class Query:
+    """One input text of a request, admitted to a pool and queued on one of its instances."""
+
+    __slots__ = ("request", "index", "ids", "tokens", "pool", "slot", "enqueued", "attempts", "done")
+
+    def __init__(self, request: Request, index: int, ids: np.ndarray, pool: Pool) -> None:
+        self.request = request
+        self.index = index
+        self.ids = ids
+        self.tokens = len(ids)
+        self.pool = pool
+        self.slot: InstanceSlot | None = None
+        self.enqueued = 0.0
+        self.attempts = 0
+        self.done = False
+
+
+@dataclass(eq=False)
+class InstanceSlot:
+    """An instance plus its own FIFO queue; the batcher task drains it."""
+
+    instance: Instance
+    pool: Pool
+    queue: deque = field(default_factory=deque)
+    in_batch: int = 0
+    healthy: bool = False
+    restarting: bool = False
+    wakeup: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task | None = None
+    batches: int = 0
+    failures: int = 0
+    # Queries per second of busy time, exponentially weighted: feeds Retry-After.
+    rate: float = 0.0
+
+    @property
+    def name(self) -> str:
+        return self.instance.name
+
+    @property
+    def load(self) -> int:
+        return len(self.queue) + self.in_batch
+
+    def note_batch(self, queries: int, seconds: float) -> None:
+        if seconds > 0:
+            rate = queries / seconds
+            self.rate = rate if self.rate == 0 else 0.8 * self.rate + 0.2 * rate
+
+
+@dataclass(eq=False)
+class Pool:
+    """A device pool: its queue depth C_max bounds queries waiting plus being processed."""
+
+    name: str
+    depth: int
+    instances: list[InstanceSlot] = field(default_factory=list)
+    token_budget: int | None = None  # optional length-aware bound: tokens in flight
+    in_flight: int = 0
+    tokens_in_flight: int = 0
+    metrics: object = None  # queue_manager.metrics.PoolMetrics, set by the manager
+
+    def room(self) -> int:
+        return max(0, self.depth - self.in_flight)
+
+    def healthy_slots(self) -> list[InstanceSlot]:
+        return [slot for slot in self.instances if slot.healthy]
+
+    def least_loaded(self, exclude: InstanceSlot | None = None) -> InstanceSlot | None:
+        best = None
+        for slot in self.instances:
+            if slot.healthy and slot is not exclude and (best is None or slot.load < best.load):
+                best = slot
+        return best
+
+    def drain_rate(self) -> float:
+        return sum(slot.rate for slot in self.instances if slot.healthy)

@@ -1,0 +1,217 @@
+"""The HTTP contract over real HTTP on 127.0.0.1, with the real model behind it."""
+
+from __future__ import annotations
+
+import base64
+import socket
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+TEXTS = ["What is the capital of France?", "Paris is the capital and largest city of France."]
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with httpx.Client(base_url=server.url, timeout=60) as http:
+        yield http
+
+
+@pytest.fixture(scope="module")
+def expected(reference_model):
+    return reference_model.encode(TEXTS, normalize_embeddings=True)
+
+
+def cosines(a, b) -> np.ndarray:
+    a, b = np.asarray(a), np.asarray(b)
+    return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+
+
+def test_embed_single_string_and_list(client, expected):
+    one = client.post("/embed", json={"inputs": TEXTS[0]})
+    assert one.status_code == 200
+    assert np.array(one.json()).shape == (1, 384)
+    many = client.post("/embed", json={"inputs": TEXTS})
+    vectors = np.array(many.json())
+    assert vectors.shape == (2, 384)
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    assert cosines(vectors, expected).min() > 0.999
+
+
+def test_embed_normalize_false_keeps_raw_norm(client):
+    raw = np.array(client.post("/embed", json={"inputs": TEXTS, "normalize": False}).json())
+    assert np.linalg.norm(raw, axis=1).min() > 1.5  # MiniLM's pooled vectors are far from unit length
+
+
+def test_openai_float_and_base64(client, expected):
+    body = client.post("/v1/embeddings", json={"input": TEXTS, "model": "any"}).json()
+    assert body["object"] == "list"
+    assert [item["index"] for item in body["data"]] == [0, 1]
+    assert body["model"] == "sentence-transformers/all-MiniLM-L6-v2"
+    assert body["usage"]["prompt_tokens"] == body["usage"]["total_tokens"] > 10
+    floats = np.array([item["embedding"] for item in body["data"]])
+    assert cosines(floats, expected).min() > 0.999
+    encoded = client.post("/v1/embeddings", json={"input": TEXTS, "encoding_format": "base64"}).json()
+    decoded = np.array([np.frombuffer(base64.b64decode(item["embedding"]), "<f4") for item in encoded["data"]])
+    assert np.allclose(decoded, floats, atol=1e-6)
+
+
+def test_openai_single_string(client):
+    body = client.post("/v1/embeddings", json={"input": "hello"}).json()
+    assert len(body["data"]) == 1 and len(body["data"][0]["embedding"]) == 384
+
+
+@pytest.mark.parametrize(
+    ("payload", "fragment"),
+    [
+        ({"inputs": ""}, "inputs[0] is an empty string"),
+        ({"inputs": []}, "inputs must not be empty"),
+        ({"inputs": ["ok", 3]}, "inputs[1]"),
+        ({"inputs": ["ok", None]}, "inputs[1]"),
+        ({"text": "wrong field"}, "inputs: field required"),
+        ({"inputs": "x", "normalize": "yes"}, "normalize"),
+        ([1, 2], "must be a JSON object"),
+    ],
+)
+def test_tei_validation_errors(client, payload, fragment):
+    response = client.post("/embed", json=payload)
+    assert response.status_code == 422
+    body = response.json()
+    assert body["error_type"] == "validation"
+    assert fragment in body["error"]
+
+
+def test_tei_malformed_json(client):
+    response = client.post("/embed", content=b'{"inputs": ["a",', headers={"content-type": "application/json"})
+    assert response.status_code == 422
+    assert "not valid JSON" in response.json()["error"]
+
+
+def test_empty_body(client):
+    response = client.post("/embed", content=b"")
+    assert response.status_code == 422 and "empty" in response.json()["error"]
+
+
+@pytest.mark.parametrize(
+    ("payload", "param"),
+    [
+        ({"input": ""}, "input"),
+        ({"input": []}, "input"),
+        ({"input": ["a", 1]}, "input"),
+        ({"input": "a", "encoding_format": "int8"}, "encoding_format"),
+        ({"input": "a", "dimensions": 12}, "dimensions"),
+    ],
+)
+def test_openai_validation_errors(client, payload, param):
+    response = client.post("/v1/embeddings", json=payload)
+    assert response.status_code == 422
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == "invalid_request_error"
+    assert error["param"] == param
+    assert error["message"]
+
+
+def test_too_many_inputs_is_413(client):
+    info = client.get("/info").json()
+    limit = info["max_client_batch_size"]
+    response = client.post("/embed", json={"inputs": ["a"] * (limit + 1)})
+    assert response.status_code == 413
+    assert f"maximum allowed batch size {limit}" in response.json()["error"]
+    openai = client.post("/v1/embeddings", json={"input": ["a"] * (limit + 1)})
+    assert openai.status_code == 413 and openai.json()["error"]["code"] == "payload_too_large"
+
+
+def test_body_over_byte_limit_is_413(client):
+    big = "word " * (1024 * 1024)  # ~5 MiB, over the 2 MiB default
+    response = client.post("/embed", json={"inputs": big})
+    assert response.status_code == 413
+    assert "limit" in response.json()["error"]
+
+
+def test_chunked_body_over_limit_is_413(client):
+    def chunks():
+        yield b'{"inputs": "'
+        for _ in range(3 * 1024):
+            yield b"x" * 1024
+        yield b'"}'
+
+    response = client.post("/embed", content=chunks(), headers={"content-type": "application/json"})
+    assert response.status_code == 413
+
+
+def test_too_long_without_truncation_names_the_limit(client):
+    long_text = "token " * 600
+    response = client.post("/embed", json={"inputs": ["short", long_text], "truncate": False})
+    assert response.status_code == 422
+    message = response.json()["error"]
+    assert "inputs[1]" in message and "256" in message
+    truncated = client.post("/embed", json={"inputs": long_text, "truncate": True})
+    assert truncated.status_code == 200
+
+
+def test_health_info_metrics(client):
+    assert client.get("/health").json() == {"status": "ok"}
+    info = client.get("/info").json()
+    assert info["model"]["dim"] == 384
+    assert info["model"]["max_input_length"] == 256
+    assert info["slo_seconds"] == 1.0
+    assert info["pools"][0]["name"] == "cpu" and info["pools"][0]["depth"] >= 1
+    assert info["version"]
+    client.post("/embed", json={"inputs": "count me"})
+    metrics = client.get("/metrics").text
+    for name in (
+        "windve_requests_total",
+        "windve_errors_total",
+        "windve_input_tokens_total",
+        "windve_request_seconds_bucket",
+        "windve_queue_seconds_bucket",
+        "windve_inference_seconds_bucket",
+        "windve_batch_size_bucket",
+        "windve_pool_depth",
+    ):
+        assert name in metrics, name
+
+
+def test_openapi_document(client):
+    spec = client.get("/openapi.json").json()
+    assert {"/embed", "/v1/embeddings", "/health", "/info", "/metrics"} <= set(spec["paths"])
+    embed_body = spec["paths"]["/embed"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert "inputs" in embed_body["properties"]
+    assert client.get("/docs").status_code == 200
+
+
+def answered_embed_requests(client) -> float:
+    total = 0.0
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith('windve_requests_total{route="embed"'):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_client_disconnect_frees_slots(server, client):
+    """A client that goes away mid-request leaves nothing in flight."""
+    before = answered_embed_requests(client)
+    payload = b'{"inputs": ["' + b"word " * 200 + b'"]}'
+    sockets = []
+    for _ in range(8):
+        sock = socket.create_connection(("127.0.0.1", server.port))
+        sock.sendall(
+            b"POST /embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(payload)}\r\n\r\n".encode()
+            + payload
+        )
+        sockets.append(sock)
+    for sock in sockets:
+        sock.close()
+    # Every request ends, answered or dropped (499); then nothing may stay in flight.
+    deadline = time.monotonic() + 60
+    while answered_embed_requests(client) < before + 8 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert answered_embed_requests(client) == before + 8
+    pools = client.get("/info").json()["pools"]
+    assert all(pool["in_flight"] == 0 for pool in pools), pools
+    assert "windve_pool_cancelled_queries_total" in client.get("/metrics").text
+    assert client.post("/embed", json={"inputs": "still serving"}).status_code == 200

@@ -1,0 +1,72 @@
+"""Start and stop real `windve serve` processes on a free 127.0.0.1 port."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+START_TIMEOUT = 180.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class ServerProcess:
+    url: str
+    port: int
+    process: subprocess.Popen
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, timeout: float = 60.0) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+
+def start_server(workdir: Path, *args: str, env: dict[str, str] | None = None, wait: bool = True) -> ServerProcess:
+    """`windve serve` with `args`; waits until /health answers 200 (or the process dies)."""
+    port = free_port()
+    log_path = workdir / f"server-{port}.log"
+    full_env = os.environ | {"HF_HUB_OFFLINE": "1", "WINDVE_ONNX_CACHE_DIR": str(workdir / "onnx")} | (env or {})
+    command = [sys.executable, "-m", "windve.commands.serve", "--host", "127.0.0.1", "--port", str(port), *args]
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=full_env, cwd=workdir)
+    server = ServerProcess(f"http://127.0.0.1:{port}", port, process, log_path)
+    if wait:
+        wait_healthy(server)
+    return server
+
+
+def wait_healthy(server: ServerProcess, timeout: float = START_TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            raise RuntimeError(f"server exited with {server.process.returncode}:\n{server.log()}")
+        try:
+            if httpx.get(server.url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)  # polling interval of a real condition, bounded by the deadline
+    server.stop()
+    raise TimeoutError(f"server not healthy after {timeout}s:\n{server.log()}")

@@ -1,0 +1,126 @@
+"""The request path both APIs share: validate -> tokenize -> cache -> submit -> normalize."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import numpy as np
+from starlette.requests import Request
+
+from queue_manager.protocol import Busy, QueryFailed, ShuttingDown
+from windve.api import metrics
+from windve.api.errors import BACKEND, OVERLOADED, TOO_LARGE, UNHEALTHY, VALIDATION, ApiError
+from windve.service import Runtime
+from windve.tokenizer import InputTooLong
+
+
+class ClientGone(Exception):
+    """The client closed the connection before its answer was ready."""
+
+
+class EmbeddingPipeline:
+    def __init__(self, runtime: Runtime, cache=None) -> None:  # cache: windve.cache.EmbeddingCache
+        self.runtime = runtime
+        self.settings = runtime.settings
+        self.cache = cache
+
+    def check_inputs(self, texts: Sequence[str], field: str) -> None:
+        if not texts:
+            raise ApiError(422, f"{field} must not be empty", VALIDATION, param=field)
+        limit = self.settings.max_client_batch_size
+        if len(texts) > limit:
+            raise ApiError(
+                413,
+                f"batch size {len(texts)} > maximum allowed batch size {limit}",
+                TOO_LARGE,
+                param=field,
+            )
+        for index, text in enumerate(texts):
+            if not text:
+                raise ApiError(422, f"{field}[{index}] is an empty string", VALIDATION, param=field)
+
+    async def embed(
+        self, texts: Sequence[str], normalize: bool, truncate: bool | None, request: Request, field: str
+    ) -> tuple[np.ndarray, int]:
+        """Embeddings [len(texts), dim] and the number of tokens embedded."""
+        self.check_inputs(texts, field)
+        runtime = self.runtime
+        if not runtime.ready:
+            raise ApiError(503, "the model is still loading; retry shortly", UNHEALTHY, retry_after=1)
+        truncate = self.settings.truncate if truncate is None else truncate
+        try:
+            sequences = runtime.tokenizer.encode(texts, truncate)
+        except InputTooLong as exc:
+            raise ApiError(422, f"{field}[{exc.index}]: {exc}", VALIDATION, param=field) from None
+        tokens = sum(len(seq) for seq in sequences)
+        keys = self._cache_keys(texts, normalize, truncate)
+        vectors, missing = await self._cached(keys, len(texts))
+        if missing:
+            fresh = await self._submit([sequences[i] for i in missing], request)
+            if normalize:
+                fresh = normalized(fresh)
+            if vectors is None:
+                vectors = fresh
+            else:
+                vectors[missing] = fresh
+            if keys is not None:
+                await self.cache.put_many([keys[i] for i in missing], fresh)
+        metrics.TOKENS.inc(tokens)
+        metrics.INPUTS.inc(len(texts))
+        return vectors, tokens
+
+    def _cache_keys(self, texts: Sequence[str], normalize: bool, truncate: bool) -> list[bytes] | None:
+        if self.cache is None:
+            return None
+        from windve.cache import cache_key
+
+        spec = self.runtime.spec
+        return [cache_key(spec.name, spec.revision, normalize, truncate, text) for text in texts]
+
+    async def _cached(self, keys: list[bytes] | None, n: int) -> tuple[np.ndarray | None, list[int]]:
+        if keys is None:
+            return None, list(range(n))
+        found = await self.cache.get_many(keys)
+        missing = [i for i, vector in enumerate(found) if vector is None]
+        if len(missing) == n:
+            return None, missing
+        vectors = np.empty((n, self.runtime.spec.dim), dtype=np.float32)
+        for i, vector in enumerate(found):
+            if vector is not None:
+                vectors[i] = vector
+        return vectors, missing
+
+    async def _submit(self, sequences: list[np.ndarray], request: Request) -> np.ndarray:
+        qm = self.runtime.queue_manager
+        submit = asyncio.ensure_future(qm.submit(sequences))
+        watch = asyncio.ensure_future(_until_disconnect(request))
+        try:
+            await asyncio.wait((submit, watch), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watch.cancel()
+        if not submit.done():
+            submit.cancel()  # frees the queued queries' slots
+            raise ClientGone()
+        try:
+            return submit.result()
+        except ShuttingDown as exc:
+            raise ApiError(
+                429, "the service is shutting down; retry on another replica", OVERLOADED, retry_after=exc.retry_after
+            ) from None
+        except Busy as exc:
+            raise ApiError(429, "model is overloaded: every queue is full", OVERLOADED, retry_after=exc.retry_after) from None
+        except QueryFailed as exc:
+            raise ApiError(503, f"inference failed: {exc}", BACKEND, retry_after=1) from None
+
+
+async def _until_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+def normalized(vectors: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    return vectors / np.maximum(norms, 1e-12)

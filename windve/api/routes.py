@@ -1,0 +1,186 @@
+"""HTTP routes: /embed (TEI shape), /v1/embeddings (OpenAI shape), /health, /info, /metrics."""
+
+from __future__ import annotations
+
+import base64
+import hmac
+import time
+
+from fastapi import APIRouter
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.requests import Request
+from starlette.responses import Response
+
+import windve
+from windve.api import metrics
+from windve.api.body import read_json
+from windve.api.errors import UNAUTHORIZED, ApiError, json_response
+from windve.api.pipeline import ClientGone, EmbeddingPipeline
+from windve.api.schemas import (
+    EmbedRequest,
+    OpenAIEmbeddingRequest,
+    OpenAIEmbeddingResponse,
+    OpenAIError,
+    TeiError,
+    parse,
+    request_schema,
+)
+
+router = APIRouter()
+
+CLIENT_CLOSED = 499  # nginx's code: nobody reads it, but logs and metrics say what happened
+
+_TEI_ERRORS = {code: {"model": TeiError} for code in (401, 413, 422, 429, 503)}
+_OPENAI_ERRORS = {code: {"model": OpenAIError} for code in (401, 413, 422, 429, 503)}
+
+
+def _state(request: Request):
+    return request.app.state
+
+
+def check_api_key(request: Request) -> None:
+    expected = _state(request).settings.api_key
+    if not expected:
+        return
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected.encode()):
+        raise ApiError(401, "missing or wrong API key: send `Authorization: Bearer <key>`", UNAUTHORIZED)
+
+
+def _pipeline(request: Request) -> EmbeddingPipeline:
+    pipeline = _state(request).pipeline
+    if pipeline is None:
+        raise ApiError(503, "the model is still loading; retry shortly", "unhealthy", retry_after=1)
+    return pipeline
+
+
+@router.post(
+    "/embed",
+    summary="Embed texts (text-embeddings-inference shape)",
+    response_model=list[list[float]],
+    responses=_TEI_ERRORS,
+    openapi_extra=request_schema(EmbedRequest),
+)
+async def embed(request: Request) -> Response:
+    started = time.perf_counter()
+    status = 200
+    try:
+        check_api_key(request)
+        body = parse(EmbedRequest, await read_json(request, _state(request).settings.max_request_bytes))
+        texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
+        vectors, _ = await _pipeline(request).embed(texts, body.normalize, body.truncate, request, "inputs")
+        return json_response(vectors)
+    except ApiError as error:
+        status = error.status
+        metrics.ERRORS.labels("embed", error.error_type).inc()
+        return error.tei_response()
+    except ClientGone:
+        status = CLIENT_CLOSED
+        return Response(status_code=CLIENT_CLOSED)
+    finally:
+        metrics.REQUESTS.labels("embed", str(status)).inc()
+        metrics.E2E_TIME.labels("embed").observe(time.perf_counter() - started)
+
+
+@router.post(
+    "/v1/embeddings",
+    summary="Embed texts (OpenAI embeddings shape)",
+    response_model=OpenAIEmbeddingResponse,
+    responses=_OPENAI_ERRORS,
+    openapi_extra=request_schema(OpenAIEmbeddingRequest),
+)
+async def openai_embeddings(request: Request) -> Response:
+    started = time.perf_counter()
+    status = 200
+    try:
+        check_api_key(request)
+        state = _state(request)
+        body = parse(OpenAIEmbeddingRequest, await read_json(request, state.settings.max_request_bytes))
+        pipeline = _pipeline(request)
+        spec = pipeline.runtime.spec
+        if body.dimensions is not None and body.dimensions != spec.dim:
+            raise ApiError(
+                422, f"dimensions={body.dimensions} is not supported: {spec.name} has {spec.dim}", "validation",
+                param="dimensions",
+            )
+        texts = [body.input] if isinstance(body.input, str) else body.input
+        vectors, tokens = await pipeline.embed(texts, spec.normalize, None, request, "input")
+        if body.encoding_format == "base64":
+            items = [base64.b64encode(row.astype("<f4").tobytes()).decode() for row in vectors]
+        else:
+            items = list(vectors)
+        return json_response(
+            {
+                "object": "list",
+                "data": [{"object": "embedding", "index": i, "embedding": item} for i, item in enumerate(items)],
+                "model": spec.name,
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+            }
+        )
+    except ApiError as error:
+        status = error.status
+        metrics.ERRORS.labels("openai", error.error_type).inc()
+        return error.openai_response()
+    except ClientGone:
+        status = CLIENT_CLOSED
+        return Response(status_code=CLIENT_CLOSED)
+    finally:
+        metrics.REQUESTS.labels("openai", str(status)).inc()
+        metrics.E2E_TIME.labels("openai").observe(time.perf_counter() - started)
+
+
+@router.get("/health", summary="200 when every pool can serve, 503 while loading or broken")
+async def health(request: Request) -> Response:
+    state = _state(request)
+    runtime = state.runtime
+    if state.startup_error:
+        return json_response({"status": "failed", "error": state.startup_error}, 503)
+    if runtime is None or not runtime.ready:
+        return json_response({"status": "starting"}, 503)
+    qm = runtime.queue_manager
+    if qm.draining:
+        return json_response({"status": "draining"}, 503)
+    if not qm.healthy():
+        return json_response({"status": "unhealthy", "pools": qm.snapshot()["pools"]}, 503)
+    if not qm.all_instances_healthy():
+        return json_response({"status": "degraded", "pools": qm.snapshot()["pools"]}, 200)
+    return json_response({"status": "ok"})
+
+
+@router.get("/info", summary="Model, devices, pools, queue depths, SLO, version")
+async def info(request: Request) -> Response:
+    try:
+        check_api_key(request)
+    except ApiError as error:
+        return error.tei_response()
+    state = _state(request)
+    settings = state.settings
+    runtime = state.runtime
+    body = {
+        "version": windve.__version__,
+        "ready": bool(runtime and runtime.ready),
+        "slo_seconds": settings.slo_seconds,
+        "max_client_batch_size": settings.max_client_batch_size,
+        "max_batch_size": settings.max_batch_size,
+        "max_batch_tokens": settings.max_batch_tokens,
+    }
+    if runtime is not None:
+        spec = runtime.spec
+        body["model"] = {
+            "id": spec.name,
+            "revision": spec.revision,
+            "dim": spec.dim,
+            "max_input_length": runtime.tokenizer.max_tokens,
+            "pooling": spec.pooling,
+            "normalize": spec.normalize,
+            "engine": settings.engine,
+            "dtype": runtime.dtype,
+        }
+        body.update(runtime.info())
+    return json_response(body)
+
+
+@router.get("/metrics", summary="Prometheus metrics")
+async def prometheus_metrics() -> Response:
+    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)

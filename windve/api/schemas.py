@@ -1,0 +1,109 @@
+"""Request and response bodies of the two embedding APIs, and their validation messages."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, TypeAdapter, ValidationError
+
+from windve.api.errors import VALIDATION, ApiError
+
+
+class EmbedRequest(BaseModel):
+    """text-embeddings-inference's `POST /embed`."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    inputs: StrictStr | list[StrictStr] = Field(description="One text or a list of texts")
+    normalize: StrictBool = Field(True, description="Scale each embedding to unit length")
+    truncate: StrictBool | None = Field(
+        None, description="Cut inputs longer than the model's limit (default: the server's setting)"
+    )
+
+
+class OpenAIEmbeddingRequest(BaseModel):
+    """OpenAI's `POST /v1/embeddings`."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    input: StrictStr | list[StrictStr] = Field(description="One text or a list of texts")
+    model: StrictStr | None = Field(None, description="Accepted for compatibility; the served model answers")
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: StrictInt | None = Field(None, description="Must equal the model's dimension if given")
+    user: StrictStr | None = None
+
+
+class OpenAIEmbedding(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str
+
+
+class OpenAIUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class OpenAIEmbeddingResponse(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[OpenAIEmbedding]
+    model: str
+    usage: OpenAIUsage
+
+
+class TeiError(BaseModel):
+    error: str
+    error_type: str
+
+
+class OpenAIErrorBody(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class OpenAIError(BaseModel):
+    error: OpenAIErrorBody
+
+
+_ADAPTERS: dict[type, TypeAdapter] = {}
+
+
+def parse(model: type[BaseModel], data: Any) -> Any:
+    """Validate a decoded JSON body; a 422 ApiError names the first wrong field."""
+    if not isinstance(data, dict):
+        raise ApiError(422, f"request body must be a JSON object, not {type(data).__name__}", VALIDATION)
+    adapter = _ADAPTERS.get(model) or _ADAPTERS.setdefault(model, TypeAdapter(model))
+    try:
+        return adapter.validate_python(data)
+    except ValidationError as exc:
+        raise ApiError(422, describe(exc), VALIDATION, param=_field(exc)) from None
+
+
+def _field(exc: ValidationError) -> str | None:
+    errors = exc.errors()
+    return str(errors[0]["loc"][0]) if errors and errors[0]["loc"] else None
+
+
+def describe(exc: ValidationError) -> str:
+    first = exc.errors()[0]
+    # A union reports each alternative; the list branch names the bad item, which says most.
+    for error in exc.errors():
+        loc = error["loc"]
+        if len(loc) >= 3 and loc[1] == "list[str]":
+            return f"{loc[0]}[{loc[2]}]: {error['msg']}"
+        if error["type"] == "missing":
+            return f"{loc[0]}: field required"
+    loc = [str(part) for part in first["loc"] if part not in ("str", "list[str]")]
+    return f"{'.'.join(loc) or 'body'}: {first['msg']}"
+
+
+def request_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """OpenAPI `requestBody` for a route that reads and validates its body itself."""
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": model.model_json_schema()}},
+        }
+    }

@@ -1,0 +1,38 @@
+"""CLI flags generated from the Settings fields, so every knob has a flag and one name."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from windve.settings import Settings, SettingsError, load_settings
+
+# Lists of structured values only make sense in the config file.
+FILE_ONLY = {"plan"}
+
+
+def add_settings_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, help="YAML/JSON settings file (env WINDVE_CONFIG)")
+    for name, field in Settings.model_fields.items():
+        if name in FILE_ONLY:
+            continue
+        flag = "--" + name.replace("_", "-")
+        help_text = f"env WINDVE_{name.upper()} (default: {field.default!r})"
+        if field.annotation is bool:
+            parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+        else:
+            parser.add_argument(flag, dest=name, default=None, metavar=name.upper(), help=help_text)
+
+
+def settings_from_args(args: argparse.Namespace, prog: str) -> Settings:
+    """Settings from flags > env > config file > defaults; exit 2 naming the bad setting."""
+    overrides: dict[str, Any] = {
+        name: getattr(args, name) for name in Settings.model_fields if getattr(args, name, None) is not None
+    }
+    try:
+        return load_settings(config_file=getattr(args, "config", None), **overrides)
+    except SettingsError as error:
+        print(f"{prog}: {error}", file=sys.stderr)
+        raise SystemExit(2) from None

@@ -1,0 +1,83 @@
+"""Batch tokenization with the model's fast tokenizer, and exact-length query building."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from windve.model import ModelSpec
+
+FILLER_TEXT = (
+    "Retrieval augmented generation systems embed questions and passages into vectors so that "
+    "a nearest neighbour search can find the passages that answer a question. The embedding "
+    "service must keep its latency low while many users ask at once, and it should use every "
+    "processor of the server it runs on, the accelerator first and the idle CPU cores when a "
+    "burst arrives. "
+)
+
+
+class InputTooLong(ValueError):
+    def __init__(self, index: int, tokens: int, limit: int) -> None:
+        super().__init__(
+            f"input {index} has {tokens} tokens, more than the model's limit of {limit}; "
+            "shorten it or send truncate=true"
+        )
+        self.index, self.tokens, self.limit = index, tokens, limit
+
+
+class TextTokenizer:
+    """Texts -> int32 token-id arrays, special tokens included, at most `max_tokens` long."""
+
+    def __init__(self, spec: ModelSpec, max_tokens: int | None = None) -> None:
+        self.max_tokens = min(spec.max_seq_length, max_tokens or spec.max_seq_length)
+        self._tokenizer = load_fast_tokenizer(spec.path)
+        self._tokenizer.no_padding()
+        # Truncation keeps the closing special token; `overflowing` tells that it happened.
+        self._tokenizer.enable_truncation(self.max_tokens)
+        self._full = load_fast_tokenizer(spec.path)
+        self._full.no_padding()
+        self._full.no_truncation()
+
+    def encode(self, texts: Sequence[str], truncate: bool) -> list[np.ndarray]:
+        """Token ids per text; raises InputTooLong for the first over-long text when not truncating."""
+        encodings = self._tokenizer.encode_batch_fast(list(texts), add_special_tokens=True)
+        sequences = []
+        for index, encoding in enumerate(encodings):
+            if encoding.overflowing and not truncate:
+                full = len(self._full.encode(texts[index]).ids)
+                raise InputTooLong(index, full, self.max_tokens)
+            sequences.append(np.asarray(encoding.ids, dtype=np.int32))
+        return sequences
+
+    def text_of_tokens(self, tokens: int) -> str:
+        """A natural text whose encoding is exactly `tokens` ids long (special tokens included)."""
+        if tokens < 2 or tokens > self.max_tokens:
+            raise ValueError(f"query length must be between 2 and {self.max_tokens} tokens, not {tokens}")
+        words = (FILLER_TEXT * (1 + tokens // 40)).split()
+        low, high = 0, len(words)
+        # Longest word prefix that fits, then pad with single-token words to the exact length.
+        while low < high:
+            mid = (low + high + 1) // 2
+            if len(self._full.encode(" ".join(words[:mid])).ids) <= tokens:
+                low = mid
+            else:
+                high = mid - 1
+        text = " ".join(words[:low])
+        while len(self._full.encode(text).ids) < tokens:
+            text += " a"
+        return text
+
+    def make_query(self, tokens: int) -> np.ndarray:
+        return self.encode([self.text_of_tokens(tokens)], truncate=False)[0]
+
+
+def load_fast_tokenizer(path: Path) -> Tokenizer:
+    tokenizer_file = Path(path) / "tokenizer.json"
+    if tokenizer_file.is_file():
+        return Tokenizer.from_file(str(tokenizer_file))
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path, use_fast=True).backend_tokenizer
