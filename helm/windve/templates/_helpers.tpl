@@ -1,0 +1,213 @@
+{{/* Names */}}
+{{- define "windve.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "windve.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "windve.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "windve.redisName" -}}
+{{- printf "%s-redis" (include "windve.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "windve.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "windve.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* Labels. The component is part of the selector so that the server's Service and PDB
+never select the chart's Redis or calibration pods. Call with (dict "ctx" $ "component" "server"). */}}
+{{- define "windve.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "windve.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "windve.labels" -}}
+helm.sh/chart: {{ include "windve.chart" .ctx }}
+{{ include "windve.selectorLabels" . }}
+app.kubernetes.io/version: {{ .ctx.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .ctx.Release.Service }}
+app.kubernetes.io/part-of: windve
+{{- end }}
+
+{{- define "windve.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{/* Redis: the URL source, or "" when the release has no Redis. Fails on ambiguity. */}}
+{{- define "windve.redisMode" -}}
+{{- $external := or .Values.redis.externalUrl .Values.redis.externalUrlSecret.name }}
+{{- if and .Values.redis.enabled $external }}
+{{- fail "redis.enabled=true runs the chart's own Redis: leave redis.externalUrl and redis.externalUrlSecret.name empty, or set redis.enabled=false to use the external one" }}
+{{- end }}
+{{- if .Values.redis.enabled }}internal
+{{- else if .Values.redis.externalUrlSecret.name }}secret
+{{- else if .Values.redis.externalUrl }}url
+{{- end }}
+{{- end }}
+
+{{- define "windve.calibrationEnabled" -}}
+{{- if and .Values.calibration.enabled (include "windve.redisMode" .) }}true{{ end }}
+{{- end }}
+
+{{- define "windve.apiKeySecret" -}}
+{{- if .Values.apiKey.existingSecret }}{{ .Values.apiKey.existingSecret }}
+{{- else if .Values.apiKey.value }}{{ include "windve.fullname" . }}-api-key
+{{- end }}
+{{- end }}
+
+{{- define "windve.acceleratorResource" -}}
+{{- if .Values.accelerator.resourceName }}{{ .Values.accelerator.resourceName }}
+{{- else if eq .Values.accelerator.type "gpu" }}nvidia.com/gpu
+{{- else if eq .Values.accelerator.type "npu" }}huawei.com/Ascend910
+{{- end }}
+{{- end }}
+
+{{/* Container resources with the accelerator added to limits (extended resources are
+requested through limits). Call with (dict "ctx" $ "resources" $someResources). */}}
+{{- define "windve.resources" -}}
+{{- $resources := deepCopy (default (dict) .resources) }}
+{{- if ne .ctx.Values.accelerator.type "none" }}
+{{- $limits := deepCopy (default (dict) (get $resources "limits")) }}
+{{- $_ := set $limits (include "windve.acceleratorResource" .ctx) (int .ctx.Values.accelerator.count) }}
+{{- $_ := set $resources "limits" $limits }}
+{{- end }}
+{{- toYaml $resources }}
+{{- end }}
+
+{{/* Environment shared by the serving container and the calibration Job: the settings
+the chart owns. Everything else comes from the ConfigMap file (WINDVE_CONFIG). */}}
+{{- define "windve.env" -}}
+- name: WINDVE_CONFIG
+  value: /etc/windve/config.yaml
+- name: WINDVE_HOST
+  value: "0.0.0.0"
+- name: WINDVE_PORT
+  value: "8080"
+- name: WINDVE_ONNX_CACHE_DIR
+  value: /var/cache/windve/onnx
+- name: XDG_CACHE_HOME
+  value: /var/cache/windve
+- name: HF_HOME
+  value: /var/cache/windve/huggingface
+- name: HF_HUB_OFFLINE
+  value: "1"
+- name: MPLCONFIGDIR
+  value: /tmp/matplotlib
+{{- if eq .Values.model.source "volume" }}
+- name: WINDVE_MODEL
+  value: {{ printf "%s/%s" (trimSuffix "/" .Values.model.mountPath) (trimPrefix "/" .Values.model.path) | quote }}
+{{- end }}
+{{- with .Values.model.revision }}
+- name: WINDVE_REVISION
+  value: {{ . | quote }}
+{{- end }}
+- name: WINDVE_TRUST_REMOTE_CODE
+  value: {{ .Values.model.trustRemoteCode | quote }}
+{{- $redis := include "windve.redisMode" . }}
+{{- if eq $redis "internal" }}
+- name: WINDVE_REDIS_URL
+  value: {{ printf "redis://%s:6379/0" (include "windve.redisName" .) | quote }}
+{{- else if eq $redis "secret" }}
+- name: WINDVE_REDIS_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.redis.externalUrlSecret.name }}
+      key: {{ .Values.redis.externalUrlSecret.key }}
+{{- else if eq $redis "url" }}
+- name: WINDVE_REDIS_URL
+  value: {{ .Values.redis.externalUrl | quote }}
+{{- end }}
+{{- with .Values.extraEnv }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{- define "windve.volumeMounts" -}}
+- name: config
+  mountPath: /etc/windve
+  readOnly: true
+- name: cache
+  mountPath: /var/cache/windve
+- name: tmp
+  mountPath: /tmp
+- name: shm
+  mountPath: /dev/shm
+{{- if eq .Values.model.source "volume" }}
+- name: model
+  mountPath: {{ .Values.model.mountPath }}
+  readOnly: true
+{{- end }}
+{{- with .Values.extraVolumeMounts }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{- define "windve.volumes" -}}
+- name: config
+  configMap:
+    name: {{ include "windve.fullname" . }}
+- name: cache
+  emptyDir:
+    sizeLimit: {{ .Values.cache.sizeLimit }}
+- name: tmp
+  emptyDir:
+    sizeLimit: {{ .Values.cache.sizeLimit }}
+- name: shm
+  emptyDir:
+    medium: Memory
+    sizeLimit: {{ .Values.shm.sizeLimit }}
+{{- if eq .Values.model.source "volume" }}
+- name: model
+  {{- toYaml .Values.model.volume | nindent 2 }}
+{{- end }}
+{{- with .Values.extraVolumes }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* Placement shared by serving pods and the calibration Job: same node type. */}}
+{{- define "windve.placement" -}}
+{{- with .Values.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/* A fixed name: before-hook-creation deletes the previous run's Job by this name. */}}
+{{- define "windve.calibrationJobName" -}}
+{{- printf "%s-calibrate" (include "windve.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}

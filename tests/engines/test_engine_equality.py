@@ -1,0 +1,81 @@
+"""Every engine must give sentence-transformers' embeddings for the same texts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from windve.engines import create_engine, pad_batch
+from windve.tokenizer import TextTokenizer
+
+TEXTS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Embedding services turn text into vectors for retrieval.",
+    "A",
+    "Where is the nearest train station? I need to get to the airport before noon.",
+    "Les modèles multilingues gèrent aussi les accents et la ponctuation « française ».",
+    "1234 5678 ##$$ @@ !!",
+    " ".join(["long input that the tokenizer has to cut at the model limit"] * 40),
+]
+
+MIN_COSINE = {"fp32": 0.99999, "bf16": 0.999}
+
+
+@pytest.fixture(scope="module")
+def reference(reference_model) -> np.ndarray:
+    return reference_model.encode(TEXTS, normalize_embeddings=False, convert_to_numpy=True)
+
+
+@pytest.fixture(scope="module")
+def batch(model_spec):
+    sequences = TextTokenizer(model_spec).encode(TEXTS, truncate=True)
+    return pad_batch(sequences)
+
+
+@pytest.mark.parametrize(("engine", "dtype"), [("torch", "fp32"), ("torch", "bf16"), ("onnx", "fp32")])
+def test_engine_matches_sentence_transformers(model_spec, reference, batch, tmp_path_factory, engine, dtype):
+    instance = create_engine(model_spec, engine, "cpu", dtype, tmp_path_factory.mktemp("onnx"))
+    vectors = instance.embed(*batch)
+    assert vectors.dtype == np.float32 and vectors.shape == reference.shape
+    cosine = (vectors * reference).sum(1) / np.linalg.norm(vectors, axis=1) / np.linalg.norm(reference, axis=1)
+    assert cosine.min() >= MIN_COSINE[dtype], cosine
+
+
+def test_onnx_export_is_cached(model_spec, tmp_path):
+    first = create_engine(model_spec, "onnx", "cpu", "fp32", tmp_path)
+    exported = first.model_file
+    stamp = exported.stat().st_mtime_ns
+    second = create_engine(model_spec, "onnx", "cpu", "fp32", tmp_path)
+    assert second.model_file == exported and exported.stat().st_mtime_ns == stamp
+    assert model_spec.revision in exported.name
+    fused_ops = {node.op_type for node in __import__("onnx").load(str(exported)).graph.node}
+    assert "Attention" in fused_ops or "MultiHeadAttention" in fused_ops, fused_ops
+
+
+def test_onnx_providers_follow_the_device():
+    from windve.engines.onnx_engine import OnnxEngineError, execution_providers
+
+    assert execution_providers("cpu", ["CPUExecutionProvider"]) == ["CPUExecutionProvider"]
+    cuda = execution_providers("cuda:1", ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    assert cuda[0] == ("CUDAExecutionProvider", {"device_id": 1})
+    npu = execution_providers("npu:0", ["CANNExecutionProvider", "CPUExecutionProvider"])
+    assert npu[0] == ("CANNExecutionProvider", {"device_id": 0})
+    with pytest.raises(OnnxEngineError, match="CUDAExecutionProvider"):
+        execution_providers("cuda:0", ["CPUExecutionProvider"])
+    with pytest.raises(OnnxEngineError, match="unknown device"):
+        execution_providers("tpu:0", ["CPUExecutionProvider"])
+
+
+def test_dtype_auto_resolution():
+    from windve.engines import resolve_dtype
+
+    assert resolve_dtype("fp32", "cpu") == "fp32"
+    assert resolve_dtype("auto", "cuda:0") == "fp16"
+    assert resolve_dtype("auto", "npu:0") == "fp16"
+    assert resolve_dtype("auto", "cpu") in {"bf16", "fp32"}
+
+
+def test_pad_batch_masks_padding():
+    ids, mask = pad_batch([np.array([101, 7, 102]), np.array([101, 102])])
+    assert ids.tolist() == [[101, 7, 102], [101, 102, 0]]
+    assert mask.tolist() == [[1, 1, 1], [1, 1, 0]]

@@ -1,0 +1,91 @@
+"""Values are checked at install time and stay in step with windve's settings."""
+
+from __future__ import annotations
+
+import json
+import typing
+from typing import Any
+
+import pytest
+import yaml
+
+from helm_render import CHART_DIR, SCENARIOS, render, scenario_values
+
+# Settings the chart sets itself (env), so values.schema.json keeps them out of `config`.
+CHART_OWNED = {
+    "host", "port", "api_key", "model", "revision", "trust_remote_code", "redis_url", "onnx_cache_dir",
+}
+
+
+def schema_config() -> dict[str, Any]:
+    schema = json.loads((CHART_DIR / "values.schema.json").read_text())
+    return schema["properties"]["config"]
+
+
+def test_config_schema_names_every_user_setting() -> None:
+    from windve.settings import Settings
+
+    assert set(schema_config()["properties"]) == set(Settings.model_fields) - CHART_OWNED, (
+        "helm/windve/values.schema.json `config` must list exactly the settings of "
+        "windve/settings.py that the chart does not set itself"
+    )
+
+
+def test_config_schema_choices_match_the_settings() -> None:
+    from windve.settings import Settings
+
+    properties = schema_config()["properties"]
+    for name, field in Settings.model_fields.items():
+        if typing.get_origin(field.annotation) is typing.Literal:
+            assert set(properties[name]["enum"]) == set(typing.get_args(field.annotation)), name
+
+
+@pytest.mark.parametrize(
+    ("values", "complaint"),
+    [
+        ({"config": {"slo": 1.0}}, "additional properties 'slo' not allowed"),
+        ({"config": {"slo_seconds": 0}}, "/config/slo_seconds"),
+        ({"config": {"port": 9000}}, "additional properties 'port' not allowed"),
+        ({"config": {"plan": [{"pool": "gpu"}]}}, "/config/plan/0/pool"),
+        ({"accelerator": {"type": "tpu"}}, "/accelerator/type"),
+        ({"replicacount": 3}, "additional properties 'replicacount' not allowed"),
+        ({"redis": {"externalUrl": "localhost:6379"}}, "/redis/externalUrl"),
+    ],
+)
+def test_schema_rejects_bad_values(chart: Any, helm: Any, values: dict[str, Any], complaint: str) -> None:
+    with pytest.raises(helm.HelmValuesError, match=complaint):
+        render(chart, values)
+
+
+@pytest.mark.parametrize(
+    ("values", "complaint"),
+    [
+        ({"model": {"source": "volume", "path": "bge"}}, "model.source=volume needs model.volume"),
+        ({"model": {"source": "volume", "volume": {"hostPath": {"path": "/m"}}}}, "needs model.path"),
+        ({"config": {"cpu_layout": "explicit"}}, "config.cpu_layout=explicit needs a config.plan"),
+    ],
+)
+def test_unstartable_combinations_fail_at_install(
+    chart: Any, helm: Any, values: dict[str, Any], complaint: str
+) -> None:
+    with pytest.raises(helm.HelmRenderError, match=complaint):
+        render(chart, values)
+
+
+def test_explicit_plan_reaches_the_settings_file(chart: Any) -> None:
+    from windve.settings import InstanceConfig
+
+    plan = [
+        {"pool": "accelerator", "device": "cuda:0"},
+        {"pool": "cpu", "cores": [4, 5, 6, 7], "engine": "onnx"},
+    ]
+    release = render(chart, {"config": {"cpu_layout": "explicit", "plan": plan}})
+    written = yaml.safe_load(release.get("ConfigMap", "emb-windve")["data"]["config.yaml"])["plan"]
+    assert [InstanceConfig(**item) for item in written] == [InstanceConfig(**item) for item in plan]
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_chart_lints_clean(helm: Any, scenario: str) -> None:
+    report = helm.lint(CHART_DIR, scenario_values(scenario), strict=True, namespace="search")
+    problems = [m for m in report["messages"] if m["severity"] >= 2]
+    assert not problems and not report["errors"], report

@@ -1,0 +1,122 @@
+"""Settings sources and validation; model discovery and its safety rules."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from windve.model import ModelError, load_model_spec
+from windve.settings import SettingsError, load_settings
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch):
+    for key in list(__import__("os").environ):
+        if key.startswith("WINDVE_"):
+            monkeypatch.delenv(key)
+
+
+def test_defaults():
+    settings = load_settings()
+    assert (settings.host, settings.port, settings.engine, settings.truncate) == ("127.0.0.1", 8080, "torch", True)
+    assert settings.redis_url is None and settings.model is None
+
+
+def test_sources_priority(monkeypatch, tmp_path):
+    config = tmp_path / "windve.yaml"
+    config.write_text("port: 9000\nslo_seconds: 2.0\nmax_batch_size: 8\n")
+    monkeypatch.setenv("WINDVE_SLO_SECONDS", "1.5")
+    settings = load_settings(config_file=config, max_batch_size=4)
+    assert settings.port == 9000  # file
+    assert settings.slo_seconds == 1.5  # env beats file
+    assert settings.max_batch_size == 4  # flag beats env and file
+
+
+@pytest.mark.parametrize(
+    ("env", "name"),
+    [
+        ({"WINDVE_PORT": "99999"}, "port"),
+        ({"WINDVE_ENGINE": "tensorrt"}, "engine"),
+        ({"WINDVE_SLO_SECONDS": "-1"}, "slo_seconds"),
+        ({"WINDVE_MAX_BATCH_SIZE": "many"}, "max_batch_size"),
+        ({"WINDVE_RESERVED_CORES": "3-1"}, "reserved_cores"),
+        ({"WINDVE_NOT_A_SETTING": "1"}, None),
+    ],
+)
+def test_invalid_settings_name_the_setting(monkeypatch, env, name):
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    if name is None:  # unknown env vars are ignored, as every WINDVE_ variable need not be ours
+        load_settings()
+        return
+    with pytest.raises(SettingsError, match=name):
+        load_settings()
+
+
+def test_unknown_key_in_config_file_is_named(tmp_path):
+    config = tmp_path / "bad.yaml"
+    config.write_text("slo_secs: 1\n")
+    with pytest.raises(SettingsError, match="slo_secs"):
+        load_settings(config_file=config)
+
+
+def test_config_file_errors(tmp_path):
+    with pytest.raises(SettingsError, match="missing.yaml"):
+        load_settings(config_file=tmp_path / "missing.yaml")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("port: [1, 2\n")
+    with pytest.raises(SettingsError, match="not valid YAML"):
+        load_settings(config_file=broken)
+
+
+def test_serve_rejects_bad_settings_at_start(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "windve.commands.serve", "--port", "0x"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )
+    assert result.returncode == 2
+    assert "port" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_bundled_model_spec(model_spec):
+    assert model_spec.name == "sentence-transformers/all-MiniLM-L6-v2"
+    assert (model_spec.pooling, model_spec.max_seq_length, model_spec.normalize, model_spec.dim) == ("mean", 256, True, 384)
+    assert len(model_spec.revision) == 16
+
+
+def test_local_folder_model_and_cls_pooling(model_spec, tmp_path):
+    folder = tmp_path / "my-model"
+    shutil.copytree(model_spec.path, folder)
+    (folder / "1_Pooling" / "config.json").write_text(
+        json.dumps({"pooling_mode_cls_token": True, "pooling_mode_mean_tokens": False})
+    )
+    spec = load_model_spec(str(folder))
+    assert spec.name == "my-model" and spec.pooling == "cls" and spec.revision == model_spec.revision
+
+
+def test_pickled_weights_are_refused(model_spec, tmp_path):
+    folder = tmp_path / "pickled"
+    shutil.copytree(model_spec.path, folder)
+    (folder / "model.safetensors").rename(folder / "pytorch_model.bin")
+    with pytest.raises(ModelError, match="safetensors"):
+        load_model_spec(str(folder))
+
+
+def test_remote_code_needs_consent(model_spec, tmp_path):
+    folder = tmp_path / "remote"
+    shutil.copytree(model_spec.path, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["auto_map"] = {"AutoModel": "modeling_custom.CustomModel"}
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelError, match="TRUST_REMOTE_CODE"):
+        load_model_spec(str(folder))
+    assert load_model_spec(str(folder), trust_remote_code=True).trust_remote_code
+
+
+def test_unknown_model_id_is_a_clear_error():
+    with pytest.raises(ModelError, match="never downloads"):
+        load_model_spec("nobody/no-such-model-xyz")
