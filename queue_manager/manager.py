@@ -50,6 +50,7 @@ class QueueManager:
         self.max_batch_size = max_batch_size
         self.max_batch_tokens = max_batch_tokens
         self.draining = False
+        self.in_flight = 0  # over all pools: drain() waits for zero
         self._idle = asyncio.Event()
         self._idle.set()
         self._restarts: set[asyncio.Task] = set()
@@ -137,10 +138,18 @@ class QueueManager:
         """
         if not sequences:
             return np.empty((0, 0), dtype=np.float32)
+        request = self.admit(sequences, pool)
+        try:
+            return await request.future
+        except asyncio.CancelledError:
+            self._cancel(request)
+            raise
+
+    def admit(self, sequences: Sequence[np.ndarray], pool: str | None = None) -> Request:
+        """The synchronous half of submit: Algorithm 1 and the bookkeeping, or raise Busy."""
         only = self._pool_named(pool) if pool is not None else None
         shares = self._plan(sequences, only)
-        loop = asyncio.get_running_loop()
-        request = Request(len(sequences), loop)
+        request = Request(len(sequences), asyncio.get_running_loop())
         index = 0
         now = time.perf_counter()
         for target, count in shares:
@@ -152,11 +161,7 @@ class QueueManager:
                 index += 1
             target.metrics.dispatched.inc(count)
         self._idle.clear()
-        try:
-            return await request.future
-        except asyncio.CancelledError:
-            self._cancel(request)
-            raise
+        return request
 
     def pool_submitter(self, pool: str) -> Callable[[Sequence[np.ndarray]], Awaitable[np.ndarray]]:
         target = self._pool_named(pool).name
@@ -176,6 +181,7 @@ class QueueManager:
         pool = query.pool
         pool.in_flight += 1
         pool.tokens_in_flight += query.tokens
+        self.in_flight += 1
         slot = pool.least_loaded()
         if slot is None:  # only reachable with pool= on a pool whose instances all failed
             self._finish(query)
@@ -196,7 +202,8 @@ class QueueManager:
         pool = query.pool
         pool.in_flight -= 1
         pool.tokens_in_flight -= query.tokens
-        if not any(p.in_flight for p in self.pools):
+        self.in_flight -= 1
+        if self.in_flight == 0:
             self._idle.set()
 
     def _cancel(self, request: Request) -> None:
@@ -258,10 +265,13 @@ class QueueManager:
             slot.note_batch(len(batch), elapsed)
             pool_metrics.inference_time.observe(elapsed)
             pool_metrics.batch_size.observe(len(batch))
-            for query, vector in zip(batch, vectors):
-                if not query.done:
-                    self._finish(query)
-                    query.request.deliver(query.index, vector)
+            self._complete(batch, vectors)
+
+    def _complete(self, batch: list[Query], vectors: np.ndarray) -> None:
+        for query, vector in zip(batch, vectors):
+            if not query.done:
+                self._finish(query)
+                query.request.deliver(query.index, vector)
 
     # ---- failures --------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ import windve
 from windve.api.errors import VALIDATION, ApiError
 from windve.api.pipeline import EmbeddingPipeline
 from windve.api.routes import router
+from windve.gc_tuning import tune_gc_for_serving
 from windve.service import Runtime
 from windve.settings import Settings
 
@@ -72,6 +73,7 @@ async def _start(app: FastAPI, settings: Settings, start_runtime: RuntimeFactory
         return
     app.state.runtime = runtime
     app.state.pipeline = EmbeddingPipeline(runtime, cache=create_cache_or_none(settings))
+    tune_gc_for_serving()
     log.info("ready: %s on pools %s", runtime.spec.name, ", ".join(runtime.pool_names))
 
 

@@ -1,0 +1,270 @@
+"""Property-based tests of the queue manager's invariants under random event sequences.
+
+The instances are test doubles whose batches finish or fail when the test says so: the
+queue manager under test is real, and the test controls the order of every event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from queue_manager.manager import QueueManager
+from queue_manager.protocol import Busy, InstanceFailed, QueryFailed
+
+DIM = 4
+
+
+class ControlledInstance:
+    """Each embed call waits until the test completes or fails it."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.pending: asyncio.Future | None = None
+        self.batch: list[np.ndarray] = []
+        self.calls = 0
+
+    async def start(self) -> None:
+        pass
+
+    async def embed(self, sequences):
+        self.calls += 1
+        self.batch = list(sequences)
+        self.pending = asyncio.get_running_loop().create_future()
+        try:
+            return await self.pending
+        finally:
+            self.pending = None
+
+    def complete(self) -> None:
+        vectors = np.zeros((len(self.batch), DIM), dtype=np.float32)
+        vectors[:, 0] = [seq[0] for seq in self.batch]  # the query's marker comes back in its row
+        self.pending.set_result(vectors)
+
+    def fail(self) -> None:
+        self.pending.set_exception(InstanceFailed(f"{self.name} died"))
+
+    async def restart(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+
+class DispatchMachine(RuleBasedStateMachine):
+    markers = itertools.count(1)
+
+    @initialize(
+        acc_depth=st.integers(1, 6),
+        cpu_depth=st.integers(1, 6),
+        acc_instances=st.integers(1, 2),
+        cpu_instances=st.integers(1, 2),
+        heterogeneous=st.booleans(),
+        max_batch=st.integers(1, 4),
+    )
+    def setup(self, acc_depth, cpu_depth, acc_instances, cpu_instances, heterogeneous, max_batch):
+        self.loop = asyncio.new_event_loop()
+        self.acc = [ControlledInstance(f"acc{i}") for i in range(acc_instances)]
+        self.cpu = [ControlledInstance(f"cpu{i}") for i in range(cpu_instances)]
+        self.qm = QueueManager(
+            [("accelerator", acc_depth, self.acc), ("cpu", cpu_depth, self.cpu)],
+            heterogeneous=heterogeneous,
+            max_batch_size=max_batch,
+        )
+        self.loop.run_until_complete(self.qm.start())
+        self.requests: list[tuple[asyncio.Task, list[int]]] = []
+        self.results: dict[int, str] = {}
+
+    def settle(self) -> None:
+        for _ in range(20):
+            self.loop.run_until_complete(asyncio.sleep(0))
+
+    def pools(self):
+        return {pool.name: pool for pool in self.qm.pools}
+
+    @rule(size=st.integers(1, 5))
+    def submit(self, size):
+        pools = self.pools()
+        acc, cpu = pools["accelerator"], pools["cpu"]
+        acc_room, cpu_room = acc.depth - acc.in_flight, cpu.depth - cpu.in_flight
+        acc_before, cpu_before = acc.in_flight, cpu.in_flight
+        acc_up = any(slot.healthy for slot in acc.instances)
+        cpu_up = self.qm.heterogeneous and any(slot.healthy for slot in cpu.instances)
+        capacity = (acc_room if acc_up else 0) + (cpu_room if cpu_up else 0)
+        markers = [next(self.markers) for _ in range(size)]
+        task = self.loop.create_task(self.qm.submit([np.array([m]) for m in markers]))
+        self.settle()
+        if size > capacity:
+            # BUSY, and nothing of the request stays behind.
+            assert task.done() and isinstance(task.exception(), Busy)
+            assert (acc.in_flight, cpu.in_flight) == (acc_before, cpu_before)
+            return
+        to_acc = min(size, acc_room) if acc_up else 0
+        # The accelerator pool takes all it has room for; the CPU pool only the rest.
+        assert acc.in_flight - acc_before == to_acc
+        assert cpu.in_flight - cpu_before == size - to_acc
+        if not self.qm.heterogeneous:
+            assert cpu.in_flight == 0
+        self.requests.append((task, markers))
+
+    def busy_instances(self):
+        return [inst for inst in self.acc + self.cpu if inst.pending is not None]
+
+    @precondition(lambda self: self.busy_instances())
+    @rule(data=st.data())
+    def complete_batch(self, data):
+        data.draw(st.sampled_from(self.busy_instances())).complete()
+        self.settle()
+
+    @precondition(lambda self: self.busy_instances())
+    @rule(data=st.data())
+    def fail_batch(self, data):
+        data.draw(st.sampled_from(self.busy_instances())).fail()
+        self.settle()
+
+    @precondition(lambda self: any(not task.done() for task, _ in self.requests))
+    @rule(data=st.data())
+    def cancel_request(self, data):
+        open_requests = [task for task, _ in self.requests if not task.done()]
+        data.draw(st.sampled_from(open_requests)).cancel()
+        self.settle()
+
+    @invariant()
+    def depths_hold(self):
+        for pool in self.qm.pools:
+            assert 0 <= pool.in_flight <= pool.depth
+
+    @invariant()
+    def every_slot_taken_is_a_query_in_a_queue_or_batch(self):
+        for pool in self.qm.pools:
+            held = sum(len(slot.queue) + slot.in_batch for slot in pool.instances)
+            assert pool.in_flight == held
+
+    @invariant()
+    def answers_are_right_and_whole(self):
+        for task, markers in self.requests:
+            if task.done() and not task.cancelled() and task.exception() is None:
+                assert task.result()[:, 0].tolist() == markers
+
+    def teardown(self):
+        # Drain: finish every batch until nothing is pending; every request must end.
+        for _ in range(200):
+            busy = self.busy_instances()
+            if not busy:
+                break
+            for inst in busy:
+                inst.complete()
+            self.settle()
+        for task, markers in self.requests:
+            assert task.done(), "an admitted request never ended"
+            if not task.cancelled():
+                error = task.exception()
+                assert error is None or isinstance(error, QueryFailed)
+                if error is None:
+                    assert task.result()[:, 0].tolist() == markers
+        for pool in self.qm.pools:
+            assert pool.in_flight == 0 and pool.tokens_in_flight == 0
+        self.loop.run_until_complete(self.qm.close())
+        self.loop.close()
+
+
+DispatchMachine.TestCase.settings = settings(
+    max_examples=150, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+test_dispatch_invariants = DispatchMachine.TestCase
+
+
+async def settle() -> None:
+    """Let every ready task run until nothing more can happen without the test's next event."""
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+def test_token_budget_bounds_tokens_in_flight():
+    async def scenario():
+        inst = ControlledInstance("cpu0")
+        qm = QueueManager([("cpu", 100, [inst])], max_batch_size=8)
+        await qm.start()
+        qm.set_depth("cpu", 100, token_budget=10)
+        first = asyncio.create_task(qm.submit([np.arange(6), np.arange(3)]))
+        await settle()
+        with pytest.raises(Busy):
+            await qm.submit([np.arange(2)])
+        assert qm.pools[0].tokens_in_flight == 9
+        inst.complete()
+        await first
+        assert qm.pools[0].tokens_in_flight == 0
+        await qm.close()
+
+    asyncio.run(scenario())
+
+
+def test_batches_respect_size_and_padded_tokens():
+    async def scenario():
+        inst = ControlledInstance("cpu0")
+        qm = QueueManager([("cpu", 100, [inst])], max_batch_size=3, max_batch_tokens=64)
+        await qm.start()
+        lengths = [10, 10, 10, 10, 40, 40]
+        tasks = [asyncio.create_task(qm.submit([np.full(n, i + 1)])) for i, n in enumerate(lengths)]
+        sizes = []
+        for _ in range(10):
+            await settle()
+            if inst.pending is None:
+                if all(task.done() for task in tasks):
+                    break
+                continue
+            batch = inst.batch
+            sizes.append(len(batch))
+            assert len(batch) <= 3 and len(batch) * max(len(seq) for seq in batch) <= 64
+            inst.complete()
+        await asyncio.gather(*tasks)
+        # FIFO up to 3 queries; a 40-token query cannot join a 10-token one (2 x 40 > 64 padded).
+        assert sizes == [3, 1, 1, 1]
+        await qm.close()
+
+    asyncio.run(scenario())
+
+
+def test_drain_waits_for_admitted_and_refuses_new():
+    async def scenario():
+        inst = ControlledInstance("cpu0")
+        qm = QueueManager([("cpu", 10, [inst])])
+        await qm.start()
+        admitted = asyncio.create_task(qm.submit([np.array([7])]))
+        await settle()
+        drain = asyncio.create_task(qm.drain(timeout=5))
+        await settle()
+        with pytest.raises(Busy, match="shutting down"):
+            await qm.submit([np.array([8])])
+        assert not drain.done()
+        inst.complete()
+        assert (await admitted)[0, 0] == 7
+        assert await drain
+        await qm.close()
+
+    asyncio.run(scenario())
+
+
+def test_failover_moves_queries_to_a_healthy_instance():
+    async def scenario():
+        a, b = ControlledInstance("a"), ControlledInstance("b")
+        qm = QueueManager([("cpu", 10, [a, b])], max_batch_size=8)
+        await qm.start()
+        first = asyncio.create_task(qm.submit([np.array([1])]))
+        await settle()
+        busy = a if a.pending else b
+        other = b if busy is a else a
+        busy.fail()
+        await settle()
+        assert other.pending is not None and other.batch[0][0] == 1
+        other.complete()
+        assert (await first)[0, 0] == 1
+        await qm.close()
+
+    asyncio.run(scenario())
