@@ -124,17 +124,21 @@ class Runtime:
         """A two-point estimate of `latency = alpha*C + beta` until `windve calibrate` runs.
 
         One query alone gives beta; a full batch per instance gives the drain rate, whose
-        inverse is alpha. Cheap (two rounds), and never a guess pulled from the air.
+        inverse is alpha. Cheap (a few rounds), and measured rather than guessed. A first,
+        unmeasured round lets the kernels meet these shapes before the clock runs.
         """
         submit = self.pool_submitter(pool)
         query = self.make_query(PROBE_TOKENS)
-        started = time.perf_counter()
-        await submit([query])
-        beta = time.perf_counter() - started
         batch = self.settings.max_batch_size * len(self.instances[pool])
-        started = time.perf_counter()
-        await asyncio.gather(*(submit([query]) for _ in range(batch)))
-        alpha = (time.perf_counter() - started) / batch
+
+        async def closed_loop_round(concurrency: int) -> float:
+            started = time.perf_counter()
+            await asyncio.gather(*(submit([query]) for _ in range(concurrency)))
+            return time.perf_counter() - started
+
+        await closed_loop_round(batch)
+        beta = min([await closed_loop_round(1) for _ in range(3)])
+        alpha = await closed_loop_round(batch) / batch
         slo = self.settings.slo_seconds
         depth = max(1, int((slo - beta) / alpha)) if slo > beta else 1
         return DepthSource(

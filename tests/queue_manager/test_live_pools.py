@@ -1,0 +1,194 @@
+"""The queue manager live: two real engine instances on this CPU stand in as the two pools.
+
+Both pools are real pinned worker processes running the real model (explicit plan), so
+these tests exercise dispatch, overflow, BUSY, failover and draining end to end over HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import time
+
+import httpx
+import numpy as np
+import pytest
+import yaml
+
+from tests.servers import start_server
+
+ACC_DEPTH, CPU_DEPTH = 2, 3
+
+
+def long_text(i: int) -> str:
+    return f"Request number {i} asks about " + " ".join(
+        f"topic{i}-{j} of the retrieval pipeline and its embedding service" for j in range(24)
+    )
+
+
+def write_config(folder, plan, **extra) -> str:
+    path = folder / "windve.yaml"
+    path.write_text(yaml.safe_dump({"cpu_layout": "explicit", "plan": plan, **extra}))
+    return str(path)
+
+
+def dispatched(url: str) -> dict[str, float]:
+    counts = {}
+    for line in httpx.get(url + "/metrics").text.splitlines():
+        if line.startswith("windve_pool_dispatched_queries_total{"):
+            pool = line.split('pool="')[1].split('"')[0]
+            counts[pool] = float(line.rsplit(" ", 1)[1])
+    return counts
+
+
+def raw_burst(port: int, bodies: list[bytes]) -> list[tuple[int, bytes, bytes]]:
+    """Open every connection first, then send all requests back to back: a true burst."""
+    sockets = [socket.create_connection(("127.0.0.1", port)) for _ in bodies]
+    for sock, body in zip(sockets, bodies):
+        sock.sendall(
+            b"POST /embed HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nConnection: close\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+    answers = []
+    for sock in sockets:
+        sock.settimeout(120)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+        sock.close()
+        head, _, payload = data.partition(b"\r\n\r\n")
+        answers.append((int(head.split(b" ")[1]), head.lower(), payload))
+    return answers
+
+
+@pytest.fixture(scope="module")
+def two_pool_server(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("two-pools")
+    config = write_config(
+        folder,
+        [{"pool": "accelerator", "device": "cpu", "cores": [0]}, {"pool": "cpu", "device": "cpu", "cores": [1]}],
+        accelerator_depth=ACC_DEPTH,
+        cpu_depth=CPU_DEPTH,
+        heterogeneous=True,
+        dtype="fp32",
+    )
+    server = start_server(folder, "--config", config, "--cache-size", "0")
+    yield server
+    server.stop()
+
+
+def test_burst_fills_accelerator_then_cpu_then_busy(two_pool_server, reference_model):
+    server = two_pool_server
+    info = httpx.get(server.url + "/info").json()
+    assert [(p["name"], p["depth"]) for p in info["pools"]] == [("accelerator", ACC_DEPTH), ("cpu", CPU_DEPTH)]
+    before = dispatched(server.url)
+    texts = [long_text(i) for i in range(12)]
+    bodies = [f'{{"inputs": "{text}"}}'.encode() for text in texts]
+    answers = raw_burst(server.port, bodies)
+    statuses = [status for status, _, _ in answers]
+    assert statuses.count(200) == ACC_DEPTH + CPU_DEPTH, statuses
+    assert statuses.count(429) == len(texts) - ACC_DEPTH - CPU_DEPTH, statuses
+    after = dispatched(server.url)
+    assert after["accelerator"] - before.get("accelerator", 0) == ACC_DEPTH
+    assert after["cpu"] - before.get("cpu", 0) == CPU_DEPTH
+    expected = reference_model.encode(texts, normalize_embeddings=True)
+    for (status, head, payload), want in zip(answers, expected):
+        if status == 200:
+            got = np.array(json.loads(payload))[0]
+            assert float(got @ want) > 0.9999
+        else:
+            assert json.loads(payload)["error_type"] == "overloaded"
+            retry_after = head.split(b"retry-after: ")[1].split(b"\r\n")[0]
+            assert int(retry_after) >= 1
+
+
+def _worker_pids(url: str, pool: str) -> list[int]:
+    for entry in httpx.get(url + "/info").json()["pools"]:
+        if entry["name"] == pool:
+            return [pid for inst in entry["instances"] for pid in inst["pids"]]
+    raise AssertionError(f"no pool {pool}")
+
+
+async def _load(url: str, clients: int, stop: asyncio.Event, statuses: list[int]) -> list[int]:
+    async def client(i: int) -> None:
+        async with httpx.AsyncClient(base_url=url, timeout=120) as http:
+            n = 0
+            while not stop.is_set():
+                response = await http.post("/embed", json={"inputs": f"client {i} query {n} " + long_text(i)[:200]})
+                statuses.append(response.status_code)
+                n += 1
+
+    await asyncio.gather(*(client(i) for i in range(clients)))
+    return statuses
+
+
+def test_killing_a_cpu_worker_loses_nothing_and_recovers(tmp_path):
+    config = write_config(
+        tmp_path,
+        [{"pool": "cpu", "device": "cpu", "cores": [0]}, {"pool": "cpu", "device": "cpu", "cores": [1]}],
+        cpu_depth=64,
+    )
+    server = start_server(tmp_path, "--config", config, "--cache-size", "0")
+    try:
+        victim = _worker_pids(server.url, "cpu")[0]
+
+        async def scenario() -> list[int]:
+            stop = asyncio.Event()
+            statuses: list[int] = []
+            load = asyncio.create_task(_load(server.url, 6, stop, statuses))
+            while len(statuses) < 12:  # the load is flowing through both instances
+                await asyncio.sleep(0.05)
+            os.kill(victim, signal.SIGKILL)
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                pids = await asyncio.to_thread(_worker_pids, server.url, "cpu")
+                health = await asyncio.to_thread(httpx.get, server.url + "/health")
+                if victim not in pids and len(pids) == 2 and health.json()["status"] == "ok":
+                    break
+                await asyncio.sleep(0.2)
+            recovered_at = len(statuses)
+            while len(statuses) < recovered_at + 12:  # and the recovered pool keeps serving
+                await asyncio.sleep(0.05)
+            stop.set()
+            return await load
+
+        statuses = asyncio.run(scenario())
+        assert statuses and set(statuses) == {200}, {s: statuses.count(s) for s in set(statuses)}
+        assert victim not in _worker_pids(server.url, "cpu")
+        assert "failover" in server.log() or "failed" in server.log()
+        metrics = httpx.get(server.url + "/metrics").text
+        assert 'windve_pool_healthy_instances{pool="cpu"} 2.0' in metrics
+    finally:
+        server.stop()
+
+
+def test_sigterm_under_load_answers_every_admitted_request(tmp_path):
+    server = start_server(tmp_path, "--cache-size", "0", "--cpu-depth", "64")
+
+    async def scenario() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=server.url, timeout=120, limits=httpx.Limits(max_connections=32)) as http:
+            requests = [asyncio.create_task(http.post("/embed", json={"inputs": long_text(i)})) for i in range(24)]
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                info = (await http.get("/info")).json()
+                if sum(pool["in_flight"] for pool in info["pools"]) >= 12:
+                    break
+            server.process.send_signal(signal.SIGTERM)
+            return await asyncio.gather(*requests, return_exceptions=True)
+
+    answers = asyncio.run(scenario())
+    # uvicorn re-raises the captured SIGTERM after its graceful shutdown (Unix convention).
+    assert server.process.wait(60) in (0, -signal.SIGTERM)
+    assert "Application shutdown complete" in server.log()
+    # Every request the server admitted is answered with its embedding; none is cut off.
+    errors = [answer for answer in answers if isinstance(answer, Exception)]
+    assert not errors, errors
+    assert {answer.status_code for answer in answers} <= {200, 429}
+    assert sum(answer.status_code == 200 for answer in answers) >= 12
+    for answer in answers:
+        if answer.status_code == 200:
+            assert len(answer.json()[0]) == 384
