@@ -1,0 +1,100 @@
+"""Command-line options of the sweep (`python -m loadtest.sweep`, `windve loadtest`).
+
+No Locust import here: `windve` builds every subcommand's parser at start-up, and importing
+Locust monkey-patches the process with gevent, which only the load generator may do.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from loadtest.workload import add_workload_arguments
+
+DEFAULT_HOST = "http://127.0.0.1:8080"
+DEFAULT_USERS = "1,2,4,8,16,32,64"
+
+
+def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--host",
+        type=http_url,
+        default=DEFAULT_HOST,
+        help="server to load (default %(default)s, loopback); the sweep only ever loads the URL given here",
+    )
+    parser.add_argument(
+        "--users",
+        type=positive_int_list,
+        default=positive_int_list(DEFAULT_USERS),
+        metavar="N,N,...",
+        help=f"closed-loop user counts to try, ascending (default {DEFAULT_USERS})",
+    )
+    parser.add_argument(
+        "--step-seconds", type=positive_float, default=20.0, help="measured time per step (default %(default)s)"
+    )
+    parser.add_argument(
+        "--warmup-seconds",
+        type=non_negative_float,
+        default=5.0,
+        help="time per step after the users are running and before measuring; excluded from stats "
+        "(default %(default)s)",
+    )
+    parser.add_argument(
+        "--max-requests-per-step",
+        type=int,
+        default=0,
+        help="end a step's measurement early after this many answers (default 0: time only)",
+    )
+    parser.add_argument(
+        "--continue-after-fail",
+        action="store_true",
+        help="keep going after a step fails the SLO (default: stop at the first failing step)",
+    )
+    parser.add_argument(
+        "--busy-passes",
+        action="store_true",
+        help="let a step with BUSY (429) answers pass when its served answers meet the SLO "
+        "(default: any BUSY answer fails the step, as requests refused are not served within the SLO)",
+    )
+    parser.add_argument(
+        "--wait-ready",
+        type=non_negative_float,
+        default=60.0,
+        help="seconds to wait for GET /health to answer 200 before the first step "
+        "(0: do not check; default %(default)s)",
+    )
+    parser.add_argument("--json-out", type=Path, help="also write the sweep's result as JSON to this file")
+    add_workload_arguments(parser)
+
+
+def http_url(text: str) -> str:
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise argparse.ArgumentTypeError(f"expected an http(s)://host[:port] URL, got {text!r}")
+    return text.rstrip("/")
+
+
+def positive_int_list(text: str) -> list[int]:
+    """'1,2,4' -> [1, 2, 4], ascending and without repeats."""
+    try:
+        values = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or values[0] < 1:
+        raise argparse.ArgumentTypeError(f"expected positive user counts, got {text!r}")
+    return values
+
+
+def positive_float(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    value = float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected zero or a positive number, got {text!r}")
+    return value

@@ -1,0 +1,155 @@
+"""Real Locust runs against real `windve serve` processes on 127.0.0.1.
+
+Locust runs in a subprocess: importing it monkey-patches the importing process with
+gevent, which the rest of the pytest session (asyncio, threads) must not get.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.servers import ServerProcess, free_port, start_server
+
+REPO = Path(__file__).resolve().parents[2]
+LOCUSTFILE = REPO / "loadtest" / "locustfile.py"
+DIMENSION = 384  # all-MiniLM-L6-v2
+STEP_KEYS = {
+    "users", "queries_in_flight", "passed", "reason", "seconds", "requests", "served", "busy", "errors",
+    "busy_share", "slo_misses", "requests_per_second", "texts_per_second", "p50_ms", "p90_ms", "p99_ms",
+    "max_ms", "dimensions", "error_samples",
+}  # fmt: skip
+
+
+def run(command: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+
+
+def sweep(
+    entry: list[str], host: str, json_out: Path, *options: str, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    return run([sys.executable, *entry, "--host", host, "--json-out", str(json_out), *options], timeout)
+
+
+def expected_verdict(step: dict[str, Any], slo_seconds: float) -> bool:
+    """The sweep's rule, recomputed from the step's own figures."""
+    return (
+        step["errors"] == 0
+        and step["busy"] == 0
+        and step["served"] > 0
+        and step["p99_ms"] <= slo_seconds * 1000.0
+    )
+
+
+def check_sweep_result(result: dict[str, Any], users: list[int]) -> None:
+    """Structure, internal consistency, and the max being the largest passing step."""
+    assert set(result) == {
+        "settings", "steps", "stopped_early", "max_users", "max_queries_in_flight", "max_texts_per_second",
+    }  # fmt: skip
+    settings = result["settings"]
+    steps = result["steps"]
+    assert settings["users"] == users
+    assert [step["users"] for step in steps] == users[: len(steps)]
+    for step in steps:
+        assert set(step) == STEP_KEYS
+        assert step["requests"] == step["served"] + step["busy"] + step["errors"]
+        assert step["queries_in_flight"] == step["users"] * settings["texts_per_request"]
+        share = step["busy"] / step["requests"] if step["requests"] else 0.0
+        assert step["busy_share"] == pytest.approx(share, abs=1e-4)
+        assert step["requests_per_second"] == pytest.approx(step["served"] / step["seconds"], rel=0.01, abs=0.01)
+        if step["served"]:
+            assert step["p50_ms"] <= step["p90_ms"] <= step["p99_ms"] <= step["max_ms"]
+            assert step["dimensions"] == [DIMENSION], "every served answer was checked as a real embedding"
+        assert step["passed"] == expected_verdict(step, settings["slo_seconds"]), step
+    passing = [step["users"] for step in steps if step["passed"]]
+    assert result["max_users"] == (max(passing) if passing else None)
+    if result["stopped_early"]:
+        assert not steps[-1]["passed"] and len(steps) < len(users)
+
+
+def test_headless_locust_run_serves_real_embeddings(loadtest_server: ServerProcess, tmp_path: Path) -> None:
+    summary_path = tmp_path / "summary.json"
+    completed = run(
+        [
+            sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--only-summary",
+            "-u", "2", "-r", "2", "-t", "4s", "--host", loadtest_server.url,
+            "--query-tokens", "75", "--summary-json", str(summary_path), "--json-file", str(tmp_path / "locust"),
+        ],
+        timeout=90,
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    summary = json.loads(summary_path.read_text())
+    print(completed.stderr.splitlines()[-1] if completed.stderr else "")
+    assert summary["errors"] == 0, summary["error_samples"]
+    assert summary["served"] > 0
+    assert summary["busy"] == 0  # two users of one text each fit the queue depth of 2
+    assert summary["dimensions"] == [DIMENSION]
+    rows = {row["name"]: row for row in json.loads((tmp_path / "locust.json").read_text())}
+    # Locust's own counters agree with the recorder's: same requests, no failures, no BUSY row.
+    assert rows["/embed"]["num_requests"] == summary["served"]
+    assert rows["/embed"]["num_failures"] == 0
+    assert set(rows) == {"/embed"}
+
+
+def test_sweep_finds_max_concurrency(loadtest_server: ServerProcess, tmp_path: Path) -> None:
+    json_out = tmp_path / "sweep.json"
+    users = [1, 2, 4]
+    completed = sweep(
+        ["-m", "loadtest.sweep"], loadtest_server.url, json_out,
+        "--users", "1,2,4", "--step-seconds", "2", "--warmup-seconds", "0.5", "--slo", "5",
+    )  # fmt: skip
+    print(completed.stdout)
+    result = json.loads(json_out.read_text())
+    check_sweep_result(result, users)
+    assert result["max_users"] is not None, completed.stdout
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert f"max concurrency within the 5 s SLO: {result['max_users']} users" in completed.stdout
+    assert all(step["errors"] == 0 for step in result["steps"]), result
+
+
+def test_busy_answers_are_counted_apart_from_errors(loadtest_server: ServerProcess, tmp_path: Path) -> None:
+    """Four users against a queue depth of 2: BUSY is certain; it fails the step without being an error."""
+    json_out = tmp_path / "sweep.json"
+    completed = sweep(
+        ["-m", "windve.cli", "loadtest"], loadtest_server.url, json_out,
+        "--users", "4", "--step-seconds", "2", "--warmup-seconds", "0.5", "--slo", "5", "--api", "openai",
+    )  # fmt: skip
+    print(completed.stdout)
+    result = json.loads(json_out.read_text())
+    check_sweep_result(result, [4])
+    (crowded,) = result["steps"]
+    assert crowded["busy"] > 0 and crowded["errors"] == 0, crowded
+    assert crowded["served"] > 0  # OpenAI-shape answers, each checked as real embeddings
+    assert not crowded["passed"] and "BUSY" in crowded["reason"]
+    assert result["max_users"] is None and completed.returncode == 1
+    assert "BUSY" in completed.stdout and "errors" in completed.stdout
+
+
+def test_sweep_refuses_to_start_without_a_ready_server(tmp_path: Path) -> None:
+    closed = f"http://127.0.0.1:{free_port()}"
+    completed = sweep(["-m", "loadtest.sweep"], closed, tmp_path / "none.json", "--wait-ready", "0.5", timeout=60)
+    assert completed.returncode == 2
+    assert "did not answer 200" in completed.stderr
+    assert not (tmp_path / "none.json").exists()
+
+
+@pytest.mark.slow
+def test_long_sweep_with_default_steps(tmp_path: Path) -> None:
+    """The full default ladder (20 s steps after 5 s warm-up) at the 1 s SLO, 75-token queries,
+    against a server whose queue depth comes from its own warm-up probe for that SLO."""
+    server = start_server(tmp_path, "--cache-size", "0", "--slo-seconds", "1")
+    try:
+        json_out = tmp_path / "sweep.json"
+        users = [1, 2, 4, 8, 16, 32, 64]
+        completed = sweep(["-m", "loadtest.sweep"], server.url, json_out, "--slo", "1", timeout=900)
+    finally:
+        server.stop()
+    print(completed.stdout)
+    result = json.loads(json_out.read_text())
+    check_sweep_result(result, users)
+    assert all(step["errors"] == 0 for step in result["steps"]), result
