@@ -24,7 +24,10 @@ def resolve_dtype(dtype: str, device: str) -> str:
     return "bf16" if cpu_supports_bf16() else "fp32"
 
 
-def create_engine(spec: ModelSpec, engine: str, device: str, dtype: str, cache_dir=None) -> Engine:
+def create_engine(
+    spec: ModelSpec, engine: str, device: str, dtype: str, cache_dir=None, threads: int | None = None
+) -> Engine:
+    """`threads` sizes onnxruntime's own pool; torch's is process-wide (torch.set_num_threads)."""
     dtype = resolve_dtype(dtype, device)
     if engine == "torch":
         from windve.engines.torch_engine import TorchEngine
@@ -33,5 +36,5 @@ def create_engine(spec: ModelSpec, engine: str, device: str, dtype: str, cache_d
     if engine == "onnx":
         from windve.engines.onnx_engine import OnnxEngine
 
-        return OnnxEngine(spec, device=device, dtype=dtype, cache_dir=cache_dir)
+        return OnnxEngine(spec, device=device, dtype=dtype, cache_dir=cache_dir, threads=threads)
     raise ValueError(f"unknown engine {engine!r} (expected torch or onnx)")

@@ -1,0 +1,131 @@
+"""Pinned workers with the real MiniLM weights: G=1 and G=2 against the in-process model,
+real pinning, and failure handling (a killed or stuck rank fails the batch, restart heals)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import pytest
+from cpu_helpers import assert_close, own_segments, reference_embeddings, token_batch
+
+from queue_manager.protocol import Instance, InstanceFailed
+from windve.cpu.instance import CpuWorkerInstance
+
+REDUCE_TIMEOUT = 4.0  # generous: ranks on a loaded machine must not time out by accident
+
+
+@pytest.fixture(scope="module")
+def g1(minilm_spec, run_async):
+    instance = CpuWorkerInstance(minilm_spec, name="g1", rank_cores=[[0, 1]], numa_nodes=[0])
+    run_async(instance.start())
+    yield instance
+    run_async(instance.close())
+
+
+@pytest.fixture(scope="module")
+def g2(minilm_spec, run_async):
+    # max_batch_tokens=64 -> 512-token input buffers and 512x384-float reduce slots: the
+    # 16 x 75-token batch below is split into requests and its reduces into chunks.
+    instance = CpuWorkerInstance(
+        minilm_spec,
+        name="g2",
+        rank_cores=[[0], [1]],
+        numa_nodes=[0, 0],
+        max_batch_tokens=64,
+        reduce_timeout=REDUCE_TIMEOUT,
+    )
+    run_async(instance.start())
+    yield instance
+    run_async(instance.close())
+    run_async(instance.close())  # idempotent
+    assert own_segments() == []
+
+
+def test_pinned_single_worker_matches_the_in_process_engine(g1, minilm_engine, run_async):
+    assert isinstance(g1, Instance)
+    sequences = token_batch(6, 30522, seed=1)
+    assert_close(run_async(g1.embed(sequences)), reference_embeddings(minilm_engine, sequences), atol=1e-5)
+
+
+def test_single_worker_pinning_is_what_the_plan_said(g1):
+    info = g1.info()
+    (rank,) = info["ranks"]
+    assert info["tp"] == 1 and info["pids"] == g1.pids
+    assert os.sched_getaffinity(g1.pids[0]) == {0, 1}
+    assert rank["torch_threads"] == 2 and info["threads"] == 2
+    assert rank["imported_before_pinning"] == []
+    assert info["membind"] in ("bound", "preferred") or info["membind"].startswith("unavailable: ")
+
+
+def test_two_rank_tp_matches_the_unsharded_model(g2, minilm_engine, run_async):
+    for sequences in (token_batch(3, 30522, seed=2), token_batch(16, 30522, lengths=[75] * 16, seed=3)):
+        assert_close(run_async(g2.embed(sequences)), reference_embeddings(minilm_engine, sequences))
+
+
+def test_two_rank_pinning_is_what_the_plan_said(g2):
+    info = g2.info()
+    assert info["tp"] == 2 and len(info["ranks"]) == 2
+    for rank, cores in zip(info["ranks"], ([0], [1]), strict=True):
+        assert os.sched_getaffinity(rank["pid"]) == set(cores)
+        assert rank["torch_threads"] == 1
+        assert rank["imported_before_pinning"] == []
+    assert g2.reduce_rounds()[0] == g2.reduce_rounds()[1] > 0
+
+
+async def embed_until_in_flight(instance, sequences, rank: int):
+    """Start a batch and return once `rank` has published an all-reduce of it."""
+    before = instance.reduce_rounds()[rank]
+    task = asyncio.create_task(instance.embed(sequences))
+    deadline = time.monotonic() + 30
+    while instance.reduce_rounds()[rank] == before:
+        assert time.monotonic() < deadline and not task.done(), "the batch never started"
+        await asyncio.sleep(0.0005)
+    return task
+
+
+def test_killing_a_rank_fails_the_batch_then_restart_heals(g2, minilm_engine, run_async):
+    big = token_batch(32, 30522, lengths=[200] * 32, seed=4)
+
+    async def kill_mid_batch():
+        task = await embed_until_in_flight(g2, big, rank=1)
+        victim, survivor = g2.pids[1], g2.pids[0]
+        os.kill(victim, signal.SIGKILL)
+        started = time.monotonic()
+        with pytest.raises(InstanceFailed, match=r"rank 1 .*killed by SIGKILL"):
+            await task
+        return time.monotonic() - started, victim, survivor
+
+    elapsed, victim, survivor = run_async(kill_mid_batch())
+    assert elapsed < REDUCE_TIMEOUT
+    assert g2.info()["running"] is False
+    assert own_segments() == []
+    with pytest.raises(ProcessLookupError):  # the parent killed (and reaped) rank 0 too
+        os.kill(survivor, 0)
+    with pytest.raises(InstanceFailed, match="restart"):
+        run_async(g2.embed(big[:1]))
+    run_async(g2.restart())
+    assert victim not in g2.pids
+    sequences = token_batch(4, 30522, seed=5)
+    assert_close(run_async(g2.embed(sequences)), reference_embeddings(minilm_engine, sequences))
+
+
+def test_a_stuck_rank_times_out_in_the_all_reduce(g2, minilm_engine, run_async):
+    os.kill(g2.pids[1], signal.SIGSTOP)  # alive but silent: only the reduce timeout can tell
+    started = time.monotonic()
+    with pytest.raises(InstanceFailed, match=r"rank 0: .*timed out after 4 s waiting for rank 1"):
+        run_async(g2.embed(token_batch(2, 30522, seed=6)))
+    assert time.monotonic() - started < REDUCE_TIMEOUT + 5
+    run_async(g2.restart())
+    sequences = token_batch(2, 30522, seed=7)
+    assert_close(run_async(g2.embed(sequences)), reference_embeddings(minilm_engine, sequences))
+
+
+def test_killing_rank_zero_while_idle_fails_the_next_batch(g2, run_async):
+    os.kill(g2.pids[0], signal.SIGKILL)
+    with pytest.raises(InstanceFailed, match="rank 0"):
+        run_async(g2.embed(token_batch(2, 30522, seed=8)))
+    run_async(g2.restart())
+    assert run_async(g2.embed(token_batch(1, 30522, seed=9))).shape == (1, 384)

@@ -1,0 +1,328 @@
+"""A CPU instance = pinned worker processes (one per TP rank), seen by the queue manager
+as one `Instance`.
+
+The parent owns everything that must be cleaned up: the processes, their sockets and the
+shared-memory segment (unlinked as soon as every rank mapped it). Blocking IPC runs on
+the instance's own thread, never on the event loop. Every wait for a worker watches every
+rank (socket EOF, pidfd) and has a deadline, so a dead or stuck rank fails the batch with
+InstanceFailed instead of hanging it (a rank stuck inside an all-reduce is reported by its
+peers' reduce timeout); the instance then stays failed, its processes killed, until
+restart().
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import subprocess
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from multiprocessing.connection import wait
+
+import numpy as np
+
+from queue_manager.protocol import InstanceFailed
+from windve.cpu import wire
+from windve.cpu.allreduce import create_group_segment, read_counters
+from windve.cpu.bert_shapes import check_tp_degree, read_bert_shapes
+from windve.cpu.launch import RankProcess
+from windve.cpu.layout import GroupLayout
+from windve.cpu.shm import Segment
+from windve.cpu.worker import RankPlan
+from windve.engines.factory import resolve_dtype
+from windve.model import ModelSpec
+
+WARMUP = np.arange(1, 9, dtype=np.int32)  # valid ids for any vocabulary
+REDUCE_SLOT_FLOATS = 1 << 21  # 8 MiB per slot; a batch-32 x 75-token MiniLM layer needs 0.9 M
+DEFAULT_BATCH_TOKENS = 16384
+STOP_GRACE_SECONDS = 5.0
+
+
+class CpuWorkerInstance:
+    """Embeds batches in pinned worker processes; G = len(rank_cores) tensor-parallel ranks."""
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        *,
+        name: str,
+        rank_cores: list[list[int]],
+        numa_nodes: list[int],
+        engine: str = "torch",
+        dtype: str = "fp32",
+        max_batch_tokens: int | None = None,
+        onnx_cache_dir=None,
+        start_timeout: float = 120,
+        reduce_timeout: float = 10.0,
+        batch_timeout: float = 300.0,
+    ) -> None:
+        world = len(rank_cores)
+        if world < 1 or any(not cores for cores in rank_cores):
+            raise ValueError(f"instance {name}: every rank needs at least one core, got {rank_cores}")
+        if len(numa_nodes) != world:
+            raise ValueError(f"instance {name}: {world} ranks but {len(numa_nodes)} NUMA nodes {numa_nodes}")
+        if engine not in ("torch", "onnx"):
+            raise ValueError(f"instance {name}: unknown engine {engine!r} (torch or onnx)")
+        if world > 1 and engine != "torch":
+            raise ValueError(
+                f"instance {name}: tensor parallelism over {world} ranks runs the torch engine only; "
+                f"engine {engine!r} needs one rank (a single core set)"
+            )
+        self.name = name
+        self.spec = spec
+        self.world = world
+        self.rank_cores = [sorted(set(cores)) for cores in rank_cores]
+        self.numa_nodes = list(numa_nodes)
+        self.engine = engine
+        # onnx has no bf16: "auto" must not pick it for that engine.
+        self.dtype = "fp32" if engine == "onnx" and dtype == "auto" else resolve_dtype(dtype, "cpu")
+        self.dim = spec.dim
+        self.onnx_cache_dir = str(onnx_cache_dir) if onnx_cache_dir else None
+        self.start_timeout = start_timeout
+        self.reduce_timeout = reduce_timeout
+        self.batch_timeout = batch_timeout
+        self._layout: GroupLayout | None = None
+        if world > 1:
+            shapes = read_bert_shapes(spec.path)
+            check_tp_degree(shapes, world)
+            tokens = max(max_batch_tokens or DEFAULT_BATCH_TOKENS, shapes.max_positions)
+            self._layout = GroupLayout(
+                world=world,
+                reduce_elems=min(tokens * shapes.hidden, REDUCE_SLOT_FLOATS),
+                input_bytes=wire.HEADER.size + 8 * tokens,  # 4 bytes per id + up to 4 per length
+            )
+        self._processes: list[RankProcess] = []
+        self._segment: Segment | None = None
+        self._ranks: list[dict] = []
+        self._failure: str | None = "not started"
+        self._request_id = 0
+        self.last_compute_seconds = 0.0  # rank 0's own time for the last request (bench: IPC overhead)
+        self._executor: ThreadPoolExecutor | None = None
+        self._io_lock = threading.Lock()  # one user of the sockets at a time (embed vs. close)
+        # start and stop exclude each other (close during a start waits for it, then stops)
+        self._life_lock = threading.RLock()
+
+    # --- Instance protocol ---
+
+    async def start(self) -> None:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"cpu-{self.name}")
+        await asyncio.get_running_loop().run_in_executor(self._executor, self._start_now)
+
+    async def embed(self, sequences: Sequence[np.ndarray]) -> np.ndarray:
+        if self._executor is None:
+            raise InstanceFailed(f"instance {self.name} is not running")
+        return await asyncio.get_running_loop().run_in_executor(self._executor, self._embed_now, sequences)
+
+    async def restart(self) -> None:
+        await asyncio.to_thread(self._stop_now, True)
+        await self.start()
+
+    async def close(self) -> None:
+        # Not on the instance's own thread: an embed may be blocking it; killing the
+        # ranks is what releases that embed.
+        await asyncio.to_thread(self._stop_now, True)
+        executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=False, cancel_futures=True)
+
+    def info(self) -> dict:
+        statuses = [rank.get("membind", "unknown") for rank in self._ranks]
+        if statuses and len(set(statuses)) == 1:
+            membind = statuses[0]
+        else:
+            membind = "; ".join(f"rank {i}: {status}" for i, status in enumerate(statuses)) or "unknown"
+        return {
+            "kind": "cpu-worker",
+            "name": self.name,
+            "engine": self.engine,
+            "dtype": self.dtype,
+            "tp": self.world,
+            "pids": [rank["pid"] for rank in self._ranks],
+            "cores": self.rank_cores,
+            "numa_nodes": self.numa_nodes,
+            "threads": sum(rank.get("torch_threads", 0) for rank in self._ranks),
+            "membind": membind,
+            "ranks": self._ranks,
+            "running": self._failure is None,
+            "failure": self._failure,
+        }
+
+    # --- introspection (tests, diagnostics) ---
+
+    @property
+    def pids(self) -> list[int]:
+        return [process.pid for process in self._processes]
+
+    def reduce_rounds(self) -> list[int]:
+        """Each rank's last published all-reduce round (G > 1 and running), else []."""
+        if self._segment is None or self._layout is None:
+            return []
+        return read_counters(self._segment, self._layout)
+
+    # --- blocking side (instance thread) ---
+
+    def _start_now(self) -> None:
+        with self._life_lock:
+            self._stop_now(graceful=True)
+            self._spawn_and_warm_up()
+
+    def _spawn_and_warm_up(self) -> None:
+        try:
+            if self._layout is not None:
+                self._segment = create_group_segment(self._layout)
+            for rank, cores in enumerate(self.rank_cores):
+                self._processes.append(RankProcess(self._plan(rank, cores)))
+            self._ranks = self._await_ready(time.monotonic() + self.start_timeout)
+            if self._segment is not None:
+                self._segment.unlink()  # every rank has it mapped; nothing can leak it now
+            self.dim = int(self._ranks[0]["dim"])
+            self._failure = None
+            self._roundtrip([WARMUP, WARMUP[:5]])
+        except BaseException:
+            self._stop_now(graceful=False)
+            raise
+
+    def _plan(self, rank: int, cores: list[int]) -> RankPlan:
+        return RankPlan(
+            spec=self.spec,
+            instance=self.name,
+            rank=rank,
+            world=self.world,
+            cores=tuple(cores),
+            numa_node=self.numa_nodes[rank],
+            engine=self.engine,
+            dtype=self.dtype,
+            onnx_cache_dir=self.onnx_cache_dir,
+            segment_path=str(self._segment.path) if self._segment else None,
+            layout=self._layout,
+            reduce_timeout=self.reduce_timeout,
+        )
+
+    def _await_ready(self, deadline: float) -> list[dict]:
+        ready: dict[int, dict] = {}
+        while len(ready) < self.world:
+            rank, message = self._next_message(deadline, "starting", self.start_timeout)
+            kind, _ = wire.message_kind(message)
+            if kind == wire.READY:
+                ready[rank] = wire.decode_json(message)
+            elif kind == wire.ERROR:
+                error = wire.decode_json(message)["message"]
+                raise InstanceFailed(f"instance {self.name}: rank {rank} failed to start: {error}")
+        return [ready[rank] for rank in range(self.world)]
+
+    def _embed_now(self, sequences: Sequence[np.ndarray]) -> np.ndarray:
+        if self._failure is not None:
+            raise InstanceFailed(f"instance {self.name} is down ({self._failure}); restart it")
+        if not sequences:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        parts = [self._roundtrip(chunk) for chunk in self._chunks(sequences)]
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def _chunks(self, sequences: Sequence[np.ndarray]) -> list[Sequence[np.ndarray]]:
+        """Split a batch whose request would not fit the shared input buffer (TP only)."""
+        if self._layout is None or wire.request_size(sequences) <= self._layout.input_bytes:
+            return [sequences]
+        chunks, start, size = [], 0, wire.HEADER.size
+        for index, seq in enumerate(sequences):
+            grown = size + 4 + 4 * len(seq)
+            if grown > self._layout.input_bytes and index > start:
+                chunks.append(sequences[start:index])
+                start, grown = index, wire.HEADER.size + 4 + 4 * len(seq)
+            size = grown
+        chunks.append(sequences[start:])
+        return chunks
+
+    def _roundtrip(self, sequences: Sequence[np.ndarray]) -> np.ndarray:
+        with self._io_lock:
+            if self._failure is not None:
+                raise InstanceFailed(f"instance {self.name} is down ({self._failure}); restart it")
+            self._request_id += 1
+            request_id = self._request_id
+            try:
+                self._processes[0].conn.send_bytes(wire.encode_request(request_id, sequences))
+            except (OSError, ValueError) as error:
+                raise self._fail(f"cannot send to rank 0: {error}") from None
+            deadline = time.monotonic() + self.batch_timeout
+            while True:
+                rank, message = self._next_message(deadline, "embedding", self.batch_timeout)
+                kind, answered = wire.message_kind(message)
+                if kind == wire.RESULT and answered == request_id:
+                    self.last_compute_seconds = wire.result_compute_seconds(message)
+                    return wire.decode_result(message)
+                if kind == wire.ERROR:
+                    error = wire.decode_json(message)
+                    if error.get("fatal", True):
+                        raise self._fail(f"rank {rank}: {error['message']}")
+                    raise InstanceFailed(f"instance {self.name}: {error['message']}")
+
+    def _next_message(self, deadline: float, doing: str, limit: float) -> tuple[int, bytes]:
+        """The next message from any rank; InstanceFailed when a rank dies or time runs out."""
+        owner = {handle: process for process in self._processes for handle in process.handles()}
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise self._fail(f"no answer within {limit:g} s while {doing}")
+            try:
+                ready = wait(list(owner), remaining)
+            except (OSError, ValueError) as error:  # pipes closed under us by close()
+                raise self._fail(f"closed while {doing}: {error}") from None
+            # Messages first: a rank's last words explain its exit better than its exit code.
+            for handle in sorted(ready, key=lambda h: isinstance(h, int)):
+                process = owner[handle]
+                if handle is process.conn:
+                    try:
+                        return process.rank, process.conn.recv_bytes()
+                    except (EOFError, OSError):
+                        pass
+                raise self._fail(
+                    f"rank {process.rank} (pid {process.pid}) {process.describe_exit()} while {doing}"
+                )
+
+    def _fail(self, reason: str) -> InstanceFailed:
+        """The group cannot go on: remember why, free its cores at once, build the error."""
+        self._failure = reason
+        self._kill_processes()
+        return InstanceFailed(f"instance {self.name}: {reason}")
+
+    def _kill_processes(self) -> None:
+        for process in self._processes:
+            process.kill()
+
+    def _stop_now(self, graceful: bool) -> None:
+        """Stop every rank (politely when idle), close sockets, drop the segment. Idempotent."""
+        if not graceful or not self._life_lock.acquire(blocking=False):
+            # A start is running (or a failure path): kill first, so an embed blocked on
+            # the ranks returns, then wait for the start to give up the lifecycle.
+            self._kill_processes()
+            self._life_lock.acquire()
+        try:
+            self._stop_locked(graceful)
+        finally:
+            self._life_lock.release()
+
+    def _stop_locked(self, graceful: bool) -> None:
+        if graceful and self._processes and self._failure is None and self._io_lock.acquire(timeout=0.1):
+            try:
+                self._processes[0].conn.send_bytes(wire.encode_stop())
+            except (OSError, ValueError):
+                pass
+            finally:
+                self._io_lock.release()
+            deadline = time.monotonic() + STOP_GRACE_SECONDS
+            for process in self._processes:
+                with contextlib.suppress(subprocess.TimeoutExpired):  # killed below
+                    process.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
+        if self._failure is None:
+            self._failure = "stopped"
+        self._kill_processes()
+        with self._io_lock:  # an embed still reading the pipes has seen the deaths by now
+            for process in self._processes:
+                process.close()
+            self._processes, self._ranks = [], []
+        segment, self._segment = self._segment, None
+        if segment is not None:
+            segment.unlink()
+            segment.close()

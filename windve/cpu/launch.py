@@ -1,0 +1,70 @@
+"""Start one worker rank as a fresh interpreter and keep the parent's handles on it.
+
+A socketpair carries the plan and then the messages; the parent's end reports EOF the
+moment the child dies (the child holds the only other end). A pidfd, where the kernel
+has them, additionally becomes readable on exit, so death is seen even by a wait that
+is not reading that rank's socket.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+from multiprocessing.connection import Connection
+
+from windve.cpu.worker import THREAD_VARIABLES, RankPlan
+
+
+class RankProcess:
+    def __init__(self, plan: RankPlan) -> None:
+        parent_sock, child_sock = socket.socketpair()
+        env = dict(os.environ)
+        env.update({variable: str(len(plan.cores)) for variable in THREAD_VARIABLES})
+        try:
+            self.popen = subprocess.Popen(
+                [sys.executable, "-m", "windve.cpu.worker", str(child_sock.fileno())],
+                pass_fds=(child_sock.fileno(),),
+                env=env,
+            )
+        finally:
+            child_sock.close()
+        self.pid = self.popen.pid
+        self.rank = plan.rank
+        self.conn = Connection(parent_sock.detach())
+        self.pidfd = self._open_pidfd()
+        self.conn.send_bytes(plan.to_json())
+
+    def _open_pidfd(self) -> int | None:
+        try:
+            return os.pidfd_open(self.pid)
+        except (AttributeError, OSError):  # kernel < 5.3 or not Linux: socket EOF suffices
+            return None
+
+    def handles(self) -> list:
+        """What multiprocessing.connection.wait should watch for this rank."""
+        return [self.conn] if self.pidfd is None else [self.conn, self.pidfd]
+
+    def describe_exit(self, wait_seconds: float = 1.0) -> str:
+        try:
+            code = self.popen.wait(timeout=wait_seconds)
+        except subprocess.TimeoutExpired:
+            return "closed its pipe"
+        if code < 0:
+            return f"killed by {signal.Signals(-code).name}"
+        return f"exited with code {code}"
+
+    def kill(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):  # stuck in D state: nothing more to do
+            self.popen.wait(timeout=5.0)
+
+    def close(self) -> None:
+        self.conn.close()
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None

@@ -1,0 +1,277 @@
+"""The main function of a pinned CPU worker process (one per TP rank).
+
+Started as `python -m windve.cpu.worker <fd>`: a fresh interpreter, like multiprocessing's
+spawn, but without spawn's re-import of the parent's __main__ (the service's console
+script would pull torch into the child before it could pin itself). The plan arrives as
+JSON on the socket `fd`; the same socket then carries the binary messages of wire.py.
+
+Order matters and is why this module imports only the standard library at the top:
+pin the CPU set and export the thread-count variables, bind memory to the rank's NUMA
+node, and only then import numpy/torch (their thread pools size themselves from the
+environment and the affinity mask at load) and load the weights (first touch on the
+bound node). No per-thread binding (OMP_PROC_BIND / GOMP_CPU_AFFINITY): libgomp would
+re-pin the main thread to a single CPU; the process mask already keeps every thread on
+the rank's cores.
+
+G = 1: the plain engine (torch or onnx) answers EMBED messages on its socket.
+G > 1: rank 0 receives each request straight into the shared input buffer, publishes it
+to the other ranks and answers; every rank runs its shard of the forward pass.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from windve.cpu.layout import GroupLayout
+from windve.cpu.numa import bind_memory
+from windve.model import ModelSpec
+
+if TYPE_CHECKING:
+    import numpy as np
+
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    spec: ModelSpec
+    instance: str
+    rank: int
+    world: int
+    cores: tuple[int, ...]
+    numa_node: int
+    engine: str
+    dtype: str
+    onnx_cache_dir: str | None = None
+    segment_path: str | None = None
+    layout: GroupLayout | None = None
+    reduce_timeout: float = 10.0
+
+    def to_json(self) -> bytes:
+        fields = dataclasses.asdict(self)
+        fields["spec"]["path"] = str(self.spec.path)
+        return json.dumps(fields).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> RankPlan:
+        fields = json.loads(data)
+        spec = fields.pop("spec")
+        spec["path"] = Path(spec["path"])
+        layout = fields.pop("layout")
+        return cls(
+            spec=ModelSpec(**spec),
+            layout=GroupLayout(**layout) if layout else None,
+            cores=tuple(fields.pop("cores")),
+            **fields,
+        )
+
+
+def pin_process(cores: tuple[int, ...]) -> None:
+    os.sched_setaffinity(0, cores)
+    for variable in THREAD_VARIABLES:
+        os.environ[variable] = str(len(cores))
+
+
+def rank_main(plan: RankPlan, conn: Connection) -> None:
+    imported_early = sorted(name for name in ("numpy", "torch") if name in sys.modules)
+    pin_process(plan.cores)
+    membind = bind_memory(plan.numa_node)
+    from windve.cpu import wire
+
+    try:
+        import torch
+
+        torch.set_num_threads(len(plan.cores))
+        torch.set_num_interop_threads(1)
+        server = EngineServer(plan, conn) if plan.world == 1 else RankServer(plan, conn)
+    except BaseException as error:  # report why, then die: the parent raises it from start()
+        _report(conn, wire.encode_json(wire.ERROR, 0, {"message": _describe(error), "fatal": True}))
+        sys.exit(1)
+    info = {
+        "rank": plan.rank,
+        "pid": os.getpid(),
+        "cores": list(plan.cores),
+        "affinity": sorted(os.sched_getaffinity(0)),
+        "torch_threads": torch.get_num_threads(),
+        "numa_node": plan.numa_node,
+        "membind": membind,
+        "imported_before_pinning": imported_early,
+        "dim": server.dim,
+    }
+    conn.send_bytes(wire.encode_json(wire.READY, 0, info))
+    server.serve()
+
+
+def _describe(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"
+
+
+def _report(conn: Connection, message: bytes) -> None:
+    with contextlib.suppress(OSError):  # the parent is gone; nobody to tell
+        conn.send_bytes(message)
+
+
+def _pad_id(model_dir: Path) -> int:
+    try:
+        return int(json.loads((model_dir / "config.json").read_text()).get("pad_token_id") or 0)
+    except (OSError, ValueError):
+        return 0
+
+
+class EngineServer:
+    """G = 1: the unmodified engine behind a pipe."""
+
+    def __init__(self, plan: RankPlan, conn: Connection) -> None:
+        from windve.engines.factory import create_engine
+
+        self.conn = conn
+        self.pad_id = _pad_id(plan.spec.path)
+        cache = Path(plan.onnx_cache_dir) if plan.onnx_cache_dir else None
+        # torch's intra-op pool was sized by rank_main; onnxruntime sizes its own.
+        self.engine = create_engine(plan.spec, plan.engine, "cpu", plan.dtype, cache, threads=len(plan.cores))
+        self.dim = self.engine.dim
+
+    def serve(self) -> None:
+        from windve.cpu import wire
+
+        while True:
+            try:
+                message = self.conn.recv_bytes()
+            except (EOFError, OSError):
+                return
+            kind, request_id = wire.message_kind(message)
+            if kind == wire.STOP:
+                return
+            try:
+                started = time.perf_counter()
+                lengths, ids = wire.decode_request(message)
+                embeddings = self.engine.embed(*wire.pad_ids(lengths, ids, self.pad_id))
+                reply = wire.encode_result(request_id, embeddings, time.perf_counter() - started)
+            except Exception as error:  # a bad batch; the engine itself is still fine
+                reply = wire.encode_json(
+                    wire.ERROR, request_id, {"message": _describe(error), "fatal": False}
+                )
+            self.conn.send_bytes(reply)
+
+
+def _torch_all_reduce(comm):
+    import torch
+
+    def all_reduce(partial: torch.Tensor) -> torch.Tensor:
+        flat = partial.float().contiguous()
+        total = torch.empty_like(flat)
+        comm.all_reduce(flat.numpy(), total.numpy())
+        return total if partial.dtype == torch.float32 else total.to(partial.dtype)
+
+    return all_reduce
+
+
+class RankServer:
+    """G > 1: one tensor-parallel rank."""
+
+    def __init__(self, plan: RankPlan, conn: Connection) -> None:
+        from windve.cpu.allreduce import GroupComm
+        from windve.cpu.tp_bert import ShardedBert
+
+        self.plan = plan
+        self.conn = conn
+        self.comm = GroupComm(Path(plan.segment_path), plan.layout, plan.rank, plan.reduce_timeout)
+        self.model = ShardedBert(
+            plan.spec.path,
+            plan.rank,
+            plan.world,
+            _torch_all_reduce(self.comm),
+            plan.spec.pooling,
+            plan.dtype,
+        )
+        self.dim = self.model.shapes.hidden
+
+    def serve(self) -> None:
+        try:
+            self._serve_rank0() if self.plan.rank == 0 else self._serve_peer()
+        except Exception as error:  # the group is out of step now: tell the parent and die
+            from windve.cpu import wire
+
+            _report(self.conn, wire.encode_json(wire.ERROR, 0, {"message": _describe(error), "fatal": True}))
+            sys.exit(1)
+
+    def _embed(self, buffer) -> np.ndarray:
+        from windve.cpu import wire
+
+        lengths, ids = wire.decode_request(buffer)
+        return self.model.embed(*wire.pad_ids(lengths, ids, self.model.shapes.pad_id))
+
+    def _invalid(self, buffer) -> str | None:
+        """Checked before the broadcast, so a bad batch fails alone and the group stays in step."""
+        from windve.cpu import wire
+
+        lengths, ids = wire.decode_request(buffer)
+        shapes = self.model.shapes
+        if lengths.size == 0:
+            return "empty batch"
+        if int(lengths.max()) > shapes.max_positions:
+            longest = int(lengths.max())
+            return f"a sequence of {longest} tokens exceeds the model's {shapes.max_positions} positions"
+        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= shapes.vocab):
+            return f"token ids must lie in [0, {shapes.vocab})"
+        return None
+
+    def _serve_rank0(self) -> None:
+        from windve.cpu import wire
+
+        while True:
+            buffer = self.comm.next_input()
+            try:
+                size = self.conn.recv_bytes_into(buffer)
+            except (EOFError, OSError):
+                return
+            kind, request_id = wire.message_kind(buffer)
+            if kind == wire.STOP:
+                self.comm.publish_input()
+                return
+            problem = self._invalid(buffer[:size])
+            if problem:
+                self.conn.send_bytes(
+                    wire.encode_json(wire.ERROR, request_id, {"message": problem, "fatal": False})
+                )
+                continue
+            started = time.perf_counter()
+            self.comm.publish_input()
+            embeddings = self._embed(buffer[:size])
+            self.conn.send_bytes(wire.encode_result(request_id, embeddings, time.perf_counter() - started))
+
+    def _serve_peer(self) -> None:
+        from windve.cpu import wire
+
+        parent = os.getppid()
+        while True:
+            # An orphaned rank (parent SIGKILLed) notices within a second and exits.
+            buffer = self.comm.wait_input(lambda: os.getppid() == parent)
+            if buffer is None:
+                return
+            kind, _ = wire.message_kind(buffer)
+            if kind == wire.STOP:
+                return
+            self._embed(buffer)
+
+
+def main(argv: list[str]) -> None:
+    conn = Connection(int(argv[1]))
+    try:
+        plan = RankPlan.from_json(conn.recv_bytes())
+    except (EOFError, OSError):
+        sys.exit(1)  # the parent went away before sending the plan
+    rank_main(plan, conn)
+
+
+if __name__ == "__main__":
+    main(sys.argv)
