@@ -1,0 +1,37 @@
+"""Cache keys: one per (model, revision, normalize, truncate, text).
+
+`windve:emb:v1:{model}:{revision}:n{0|1}:t{0|1}:{sha256(text) hex}`. The text is hashed so a key
+has a fixed size whatever the text; model and revision stay readable so an operator can find
+or delete one model's entries (`SCAN MATCH windve:emb:v1:{model}:*`). `v1` names the value
+format (raw little-endian float32) so a future format never reads an old value.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from urllib.parse import quote
+
+KEY_NAMESPACE = "windve:emb:v1"
+
+
+def key_prefix(model: str, revision: str, normalize: bool, truncate: bool) -> bytes:
+    # ':' is quoted inside the parts so that no two (model, revision) pairs share a prefix.
+    parts = (quote(model, safe="/@._-+"), quote(revision, safe="._-+"))
+    return f"{KEY_NAMESPACE}:{parts[0]}:{parts[1]}:n{int(normalize)}:t{int(truncate)}:".encode()
+
+
+def text_digest(text: str) -> bytes:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest().encode()
+
+
+def cache_key(model: str, revision: str, normalize: bool, truncate: bool, text: str) -> bytes:
+    return key_prefix(model, revision, normalize, truncate) + text_digest(text)
+
+
+def cache_keys(
+    model: str, revision: str, normalize: bool, truncate: bool, texts: Iterable[str]
+) -> list[bytes]:
+    """Keys of a whole request: the prefix is built once."""
+    prefix = key_prefix(model, revision, normalize, truncate)
+    return [prefix + text_digest(text) for text in texts]

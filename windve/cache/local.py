@@ -1,0 +1,42 @@
+"""The embedding cache without Redis: an in-process LRU with a TTL."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from windve.cache.base import decode_vector, encode_vectors
+from windve.cache.lru import LruTtlStore
+from windve.cache.metrics import CacheCounters
+
+
+class LocalEmbeddingCache:
+    backend = "local"
+
+    def __init__(self, store: LruTtlStore) -> None:
+        self.store = store
+        self.counters = CacheCounters()
+
+    async def get_many(self, keys: Sequence[bytes]) -> list[np.ndarray | None]:
+        found = [decode_vector(self.store.get(key)) for key in keys]
+        misses = sum(vector is None for vector in found)
+        self.counters.add("hits", "local", len(found) - misses)
+        self.counters.add("misses", "local", misses)
+        return found
+
+    async def put_many(self, keys: Sequence[bytes], vectors: np.ndarray) -> None:
+        for key, value in zip(keys, encode_vectors(vectors, len(keys)), strict=True):
+            self.store.put(key, value)
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "backend": self.backend,
+            **self.counters.values,
+            "local_entries": len(self.store),
+            "local_capacity": self.store.capacity,
+        }
+
+    async def close(self) -> None:
+        self.store.clear()
