@@ -15,6 +15,7 @@ import windve
 from windve.api.errors import VALIDATION, ApiError
 from windve.api.pipeline import EmbeddingPipeline
 from windve.api.routes import router
+from windve.cache import create_cache
 from windve.gc_tuning import tune_gc_for_serving
 from windve.service import Runtime
 from windve.settings import Settings
@@ -40,6 +41,8 @@ def create_app(settings: Settings, start_runtime: RuntimeFactory = Runtime.start
             runtime = app.state.runtime
             if runtime is not None:
                 await runtime.close()
+            if app.state.pipeline is not None and app.state.pipeline.cache is not None:
+                await app.state.pipeline.cache.close()
 
     app = FastAPI(
         title="WindVE",
@@ -72,14 +75,7 @@ async def _start(app: FastAPI, settings: Settings, start_runtime: RuntimeFactory
             on_fatal(app.state.startup_error)
         return
     app.state.runtime = runtime
-    app.state.pipeline = EmbeddingPipeline(runtime, cache=create_cache_or_none(settings))
+    app.state.pipeline = EmbeddingPipeline(runtime, cache=create_cache(settings))
     tune_gc_for_serving()
     log.info("ready: %s on pools %s", runtime.spec.name, ", ".join(runtime.pool_names))
 
-
-def create_cache_or_none(settings: Settings):
-    try:
-        from windve.cache import create_cache
-    except ImportError:
-        return None
-    return create_cache(settings)

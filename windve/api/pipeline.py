@@ -10,6 +10,7 @@ from starlette.requests import Request
 
 from queue_manager.protocol import Busy, QueryFailed, ShuttingDown
 from windve.api import metrics
+from windve.cache import EmbeddingCache, cache_keys
 from windve.api.errors import BACKEND, OVERLOADED, TOO_LARGE, UNHEALTHY, VALIDATION, ApiError
 from windve.service import Runtime
 from windve.tokenizer import InputTooLong
@@ -20,7 +21,7 @@ class ClientGone(Exception):
 
 
 class EmbeddingPipeline:
-    def __init__(self, runtime: Runtime, cache=None) -> None:  # cache: windve.cache.EmbeddingCache
+    def __init__(self, runtime: Runtime, cache: EmbeddingCache | None = None) -> None:
         self.runtime = runtime
         self.settings = runtime.settings
         self.cache = cache
@@ -73,10 +74,12 @@ class EmbeddingPipeline:
     def _cache_keys(self, texts: Sequence[str], normalize: bool, truncate: bool) -> list[bytes] | None:
         if self.cache is None:
             return None
-        from windve.cache import cache_key
-
         spec = self.runtime.spec
-        return [cache_key(spec.name, spec.revision, normalize, truncate, text) for text in texts]
+        # A lower input cap truncates differently: it is part of what produced the vector.
+        revision = spec.revision if self.settings.max_input_tokens is None else (
+            f"{spec.revision}-max{self.runtime.tokenizer.max_tokens}"
+        )
+        return cache_keys(spec.name, revision, normalize, truncate, texts)
 
     async def _cached(self, keys: list[bytes] | None, n: int) -> tuple[np.ndarray | None, list[int]]:
         if keys is None:

@@ -1,0 +1,110 @@
+"""The embedding cache on the request path, over real HTTP, with a real redis-server."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from tests.servers import start_server
+
+TEXTS = ["cached question one", "cached question two", "a fresh question three"]
+
+
+def metric(url: str, name: str, **labels: str) -> float:
+    wanted = name + ("{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}" if labels else "")
+    total = 0.0
+    for line in httpx.get(url + "/metrics").text.splitlines():
+        if line.startswith(wanted + " ") or (not labels and line.startswith(name + "{")):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def dispatched(url: str) -> float:
+    return metric(url, "windve_pool_dispatched_queries_total", pool="cpu")
+
+
+@pytest.fixture(scope="module")
+def local_cache_server(tmp_path_factory):
+    server = start_server(tmp_path_factory.mktemp("local-cache"))  # defaults: in-process cache on
+    yield server
+    server.stop()
+
+
+def test_local_hits_are_identical_and_skip_the_queue(local_cache_server):
+    url = local_cache_server.url
+    first = httpx.post(url + "/embed", json={"inputs": TEXTS[:2]})
+    assert first.status_code == 200
+    queued = dispatched(url)
+    again = httpx.post(url + "/embed", json={"inputs": TEXTS[:2]})
+    assert again.content == first.content  # byte-identical answer
+    assert dispatched(url) == queued  # no queue slot taken
+    partly = httpx.post(url + "/embed", json={"inputs": TEXTS})
+    assert partly.json()[:2] == first.json()
+    assert dispatched(url) == queued + 1  # only the miss went to a pool
+    raw = httpx.post(url + "/embed", json={"inputs": TEXTS[:1], "normalize": False}).json()
+    assert raw != first.json()[:1]  # normalize is part of the key
+
+
+@pytest.fixture
+def redis_pair(redis_server, tmp_path):
+    """Two replicas sharing one Redis, as behind a Kubernetes Service."""
+    args = ("--redis-url", redis_server.url, "--redis-timeout-seconds", "0.05")
+    first = start_server(tmp_path, *args)
+    second = start_server(tmp_path, *args)
+    yield first, second
+    first.stop()
+    second.stop()
+
+
+def test_replicas_share_the_cache_and_survive_redis_outages(redis_server, redis_pair):
+    a, b = redis_pair
+    computed = httpx.post(a.url + "/embed", json={"inputs": TEXTS})
+    assert computed.status_code == 200
+    queued_b = dispatched(b.url)
+    shared = httpx.post(b.url + "/embed", json={"inputs": TEXTS})
+    assert shared.content == computed.content
+    assert dispatched(b.url) == queued_b
+    assert metric(b.url, "windve_cache_hits_total", backend="redis") == len(TEXTS)
+
+    async def load(url: str, rounds: int, tag: str) -> list[int]:
+        async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+            statuses = []
+            for i in range(rounds):
+                answers = await asyncio.gather(
+                    *(client.post("/embed", json={"inputs": f"{tag} text {i}-{j}"}) for j in range(4))
+                )
+                statuses += [answer.status_code for answer in answers]
+            return statuses
+
+    async def outage() -> list[int]:
+        task = asyncio.create_task(load(a.url, 12, "outage"))
+        await asyncio.sleep(0)
+        redis_server.kill()
+        return await task
+
+    statuses = asyncio.run(outage())
+    assert statuses == [200] * len(statuses)  # Redis gone: zero failed requests
+    assert metric(a.url, "windve_cache_errors_total", backend="redis") >= 1
+
+    redis_server.start()  # same port, empty: caching must resume once the breaker probes again
+    hits_before = metric(b.url, "windve_cache_hits_total", backend="redis")
+    deadline = asyncio.run(_resume(a.url, b.url, hits_before))
+    assert deadline, "caching did not resume after Redis came back"
+
+
+async def _resume(writer: str, reader: str, hits_before: float) -> bool:
+    loop = asyncio.get_running_loop()
+    stop_at = loop.time() + 30
+    i = 0
+    async with httpx.AsyncClient(timeout=60) as client:
+        while loop.time() < stop_at:
+            text = f"after restart {i}"
+            i += 1
+            await client.post(writer + "/embed", json={"inputs": text})
+            await client.post(reader + "/embed", json={"inputs": text})
+            if metric(reader, "windve_cache_hits_total", backend="redis") > hits_before:
+                return True
+            await asyncio.sleep(0.2)  # the breaker's cool-down is 1-5 s; poll the real condition
+    return False
