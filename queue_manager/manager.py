@@ -123,7 +123,7 @@ class QueueManager:
         budget = pool.token_budget - pool.tokens_in_flight
         taken = 0
         for seq in sequences:
-            budget -= len(seq)
+            budget -= len(seq) + pool.token_charge
             if budget < 0:
                 break
             taken += 1
@@ -180,7 +180,7 @@ class QueueManager:
     def _admit(self, query: Query) -> None:
         pool = query.pool
         pool.in_flight += 1
-        pool.tokens_in_flight += query.tokens
+        pool.tokens_in_flight += query.charge
         self.in_flight += 1
         slot = pool.least_loaded()
         if slot is None:  # only reachable with pool= on a pool whose instances all failed
@@ -201,7 +201,7 @@ class QueueManager:
         query.done = True
         pool = query.pool
         pool.in_flight -= 1
-        pool.tokens_in_flight -= query.tokens
+        pool.tokens_in_flight -= query.charge
         self.in_flight -= 1
         if self.in_flight == 0:
             self._idle.set()
@@ -341,11 +341,16 @@ class QueueManager:
             return 1.0
         return float(max(1, math.ceil(backlog / rate)))
 
-    def set_depth(self, pool: str, depth: int, token_budget: int | None = None) -> None:
-        """Apply a new depth live (calibration update); admitted queries are unaffected."""
+    def set_depth(self, pool: str, depth: int, token_budget: int | None = None, token_charge: int = 0) -> None:
+        """Apply a new depth live (calibration update); admitted queries are unaffected.
+
+        With a token budget, a query is charged its length plus `token_charge` (the
+        per-query cost of the length-aware fit, in tokens).
+        """
         target = self._pool_named(pool)
         target.depth = int(depth)
         target.token_budget = token_budget
+        target.token_charge = token_charge
 
     def healthy(self) -> bool:
         """Every pool has at least one instance able to serve."""

@@ -46,13 +46,14 @@ class Request:
 class Query:
     """One input text of a request, admitted to a pool and queued on one of its instances."""
 
-    __slots__ = ("request", "index", "ids", "tokens", "pool", "slot", "enqueued", "attempts", "done")
+    __slots__ = ("request", "index", "ids", "tokens", "charge", "pool", "slot", "enqueued", "attempts", "done")
 
     def __init__(self, request: Request, index: int, ids: np.ndarray, pool: Pool) -> None:
         self.request = request
         self.index = index
         self.ids = ids
         self.tokens = len(ids)
+        self.charge = self.tokens + pool.token_charge  # fixed at admission: depths may change live
         self.pool = pool
         self.slot: InstanceSlot | None = None
         self.enqueued = 0.0
@@ -99,6 +100,7 @@ class Pool:
     depth: int
     instances: list[InstanceSlot] = field(default_factory=list)
     token_budget: int | None = None  # optional length-aware bound: tokens in flight
+    token_charge: int = 0  # tokens charged per query on top of its length
     in_flight: int = 0
     tokens_in_flight: int = 0
     metrics: object = None  # queue_manager.metrics.PoolMetrics, set by the manager

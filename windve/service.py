@@ -12,7 +12,6 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -20,6 +19,9 @@ import numpy as np
 import devices
 from queue_manager.manager import QueueManager
 from queue_manager.protocol import Instance
+from estimator import Calibration, CalibrationError, fingerprint_mismatch, load_calibration
+from estimator.calibration import from_dict as calibration_from_dict
+from windve.depths import PROBE_TOKENS, DepthSource, depth_from_calibration, probe_depth
 from windve.engines import create_engine, resolve_dtype
 from windve.instances import EngineInstance
 from windve.model import ModelSpec, load_model_spec
@@ -27,20 +29,6 @@ from windve.settings import Settings
 from windve.tokenizer import TextTokenizer
 
 log = logging.getLogger(__name__)
-
-PROBE_TOKENS = 75  # the paper's query length, used by the warm-up depth probe
-
-
-@dataclass
-class DepthSource:
-    """Where a pool's depth came from, for /info and the start-up log."""
-
-    pool: str
-    depth: int
-    source: str  # setting | calibration | warm-up probe
-    token_budget: int | None = None
-    detail: dict[str, Any] = field(default_factory=dict)
-
 
 class Runtime:
     def __init__(
@@ -61,7 +49,9 @@ class Runtime:
         self.dtype = resolve_dtype(settings.dtype, "cpu")
         self.queue_manager: QueueManager | None = None
         self.depths: dict[str, DepthSource] = {}
-        self.calibration: dict | None = None
+        self.calibration: Calibration | None = None
+        self.calibration_origin: str | None = None
+        self.watcher = None  # windve.calibration_store.CalibrationWatcher when Redis is set
         self.started_at = time.time()
         self.ready = False
 
@@ -80,6 +70,8 @@ class Runtime:
             for pool in plan.pools
         }
         runtime = cls(settings, spec, tokenizer, hardware, plan, instances)
+        if settings.calibration_file is not None:
+            runtime.apply_calibration(load_calibration(settings.calibration_file), str(settings.calibration_file))
         await runtime._start_queue_manager()
         return runtime
 
@@ -95,54 +87,72 @@ class Runtime:
         self.queue_manager = qm
         try:
             await qm.start()
+            await self._follow_shared_calibration()
             await self._set_depths()
         except BaseException:
-            await qm.close()
+            await self.close()
             raise
         self.ready = True
 
+    async def _follow_shared_calibration(self) -> None:
+        """With Redis, take the newest calibration for this model and hardware, now and later."""
+        if not self.settings.redis_url:
+            return
+        from windve.calibration_store import CalibrationWatcher, calibration_key
+
+        current = None
+        if self.calibration is not None:
+            from estimator.calibration import to_dict
+
+            current = to_dict(self.calibration)
+        key = calibration_key(self.spec.revision, self.hardware_fingerprint)
+        self.watcher = CalibrationWatcher(self.settings.redis_url, key, self._on_shared_calibration, current=current)
+        await self.watcher.start()
+
+    def _on_shared_calibration(self, data: dict) -> None:
+        try:
+            self.apply_calibration(calibration_from_dict(data, "calibration from Redis"), "redis")
+        except CalibrationError as error:
+            log.error("ignoring a calibration from Redis: %s", error)
+
+    def apply_calibration(self, calibration: Calibration, origin: str) -> None:
+        """Take depths from `calibration`; live when the pools already run (no restart)."""
+        for warning in fingerprint_mismatch(calibration, self.spec.revision, self.hardware_fingerprint):
+            log.warning("%s: %s", origin, warning)
+        self.calibration, self.calibration_origin = calibration, origin
+        if self.queue_manager is None or not self.depths:
+            return
+        for name in self.instances:
+            if self._configured_depth(name) is None:
+                source = depth_from_calibration(calibration, name, self.settings.slo_seconds, f"calibration ({origin})")
+                if source is not None:
+                    self._use_depth(source)
+
     async def _set_depths(self) -> None:
         for name in self.instances:
-            source = await self._depth_for(name)
-            self.depths[name] = source
-            self.queue_manager.set_depth(name, source.depth, source.token_budget)
-            log.info("pool %s: depth %d (%s)", name, source.depth, source.source)
+            self._use_depth(await self._depth_for(name))
+
+    def _use_depth(self, source: DepthSource) -> None:
+        self.depths[source.pool] = source
+        self.queue_manager.set_depth(source.pool, source.depth, source.token_budget, source.token_charge)
+        log.info("pool %s: depth %d (%s)", source.pool, source.depth, source.source)
+
+    def _configured_depth(self, pool: str) -> int | None:
+        return {"accelerator": self.settings.accelerator_depth, "cpu": self.settings.cpu_depth}.get(pool)
 
     async def _depth_for(self, pool: str) -> DepthSource:
-        configured = {"accelerator": self.settings.accelerator_depth, "cpu": self.settings.cpu_depth}
-        if configured.get(pool):
-            return DepthSource(pool, configured[pool], "setting")
-        from_calibration = self._depth_from_calibration(pool)
-        if from_calibration is not None:
-            return from_calibration
-        return await self._probe_depth(pool)
-
-    def _depth_from_calibration(self, pool: str) -> DepthSource | None:
-        return None
-
-    async def _probe_depth(self, pool: str) -> DepthSource:
-        """A two-point estimate of `latency = alpha*C + beta` until `windve calibrate` runs.
-
-        One query alone gives beta; a full batch per instance gives the drain rate, whose
-        inverse is alpha. Cheap (a few rounds), and measured rather than guessed. A first,
-        unmeasured round lets the kernels meet these shapes before the clock runs.
-        """
-        submit = self.pool_submitter(pool)
-        query = self.make_query(PROBE_TOKENS)
+        configured = self._configured_depth(pool)
+        if configured:
+            return DepthSource(pool, configured, "setting")
+        if self.calibration is not None:
+            source = depth_from_calibration(
+                self.calibration, pool, self.settings.slo_seconds, f"calibration ({self.calibration_origin})"
+            )
+            if source is not None:
+                return source
         batch = self.settings.max_batch_size * len(self.instances[pool])
-
-        async def closed_loop_round(concurrency: int) -> float:
-            started = time.perf_counter()
-            await asyncio.gather(*(submit([query]) for _ in range(concurrency)))
-            return time.perf_counter() - started
-
-        await closed_loop_round(batch)
-        beta = min([await closed_loop_round(1) for _ in range(3)])
-        alpha = await closed_loop_round(batch) / batch
-        slo = self.settings.slo_seconds
-        depth = max(1, int((slo - beta) / alpha)) if slo > beta else 1
-        return DepthSource(
-            pool, depth, "warm-up probe", detail={"alpha": alpha, "beta": beta, "query_tokens": PROBE_TOKENS}
+        return await probe_depth(
+            pool, self.pool_submitter(pool), self.make_query(PROBE_TOKENS), batch, self.settings.slo_seconds
         )
 
     # ---- what the estimator and the HTTP layer use ----------------------------------
@@ -163,6 +173,8 @@ class Runtime:
 
     async def close(self) -> None:
         self.ready = False
+        if self.watcher is not None:
+            await self.watcher.stop()
         if self.queue_manager is not None:
             await self.queue_manager.close()
 
@@ -178,10 +190,17 @@ class Runtime:
                 pool
                 | {
                     "depth_source": source.source if source else None,
+                    "token_charge_per_query": source.token_charge if source else 0,
                     "fit": source.detail if source else None,
                 }
             )
         return {
+            "calibration": None if self.calibration is None else {
+                "origin": self.calibration_origin,
+                "created": self.calibration.created,
+                "slos": list(self.calibration.slos),
+                "hardware_fingerprint": self.calibration.hardware_fingerprint,
+            },
             "heterogeneous": qm.get("heterogeneous"),
             "draining": qm.get("draining"),
             "pools": pools,

@@ -1,0 +1,81 @@
+"""Where each pool's queue depth comes from: a setting, a calibration, or a warm-up probe."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from estimator import Calibration, decide_depth
+
+log = logging.getLogger(__name__)
+
+PROBE_TOKENS = 75  # the paper's query length
+
+
+@dataclass
+class DepthSource:
+    """A pool's depth and its origin, for /info and the start-up log."""
+
+    pool: str
+    depth: int
+    source: str  # setting | calibration | warm-up probe
+    token_budget: int | None = None
+    token_charge: int = 0  # tokens charged per query on top of its length (length-aware fit)
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+def depth_from_calibration(calibration: Calibration, pool: str, slo: float, origin: str) -> DepthSource | None:
+    """The calibrated depth at `slo`; derived from the fit when that SLO was not profiled."""
+    measured = calibration.pools.get(pool)
+    if measured is None:
+        return None
+    try:
+        entry = measured.at(slo)
+        depth, reason = entry.depth, entry.reason
+        token_budget = entry.token_budget
+    except KeyError:
+        decision = decide_depth(measured.fit, slo, headroom=calibration.headroom)
+        depth, reason, token_budget = decision.depth, decision.reason, None
+    if depth is None:
+        log.warning("pool %s cannot meet the %.3g s SLO (%s): it takes no queries", pool, slo, reason)
+    charge = 0
+    if token_budget is not None and measured.length_fit is not None:
+        charge = measured.length_fit.per_query_tokens or 0
+    return DepthSource(
+        pool,
+        depth or 0,
+        origin,
+        token_budget=token_budget,
+        token_charge=charge,
+        detail={"alpha": measured.fit.alpha, "beta": measured.fit.beta, "r2": measured.fit.r2, "reason": reason},
+    )
+
+
+async def probe_depth(
+    pool: str, submit: Callable[[Sequence[np.ndarray]], Awaitable[Any]], query: np.ndarray, batch: int, slo: float
+) -> DepthSource:
+    """A two-point estimate of `latency = alpha*C + beta` until `windve calibrate` runs.
+
+    One query alone gives beta; a full batch per instance gives the drain rate, whose
+    inverse is alpha. Cheap (a few rounds), and measured rather than guessed. A first,
+    unmeasured round lets the kernels meet these shapes before the clock runs.
+    """
+
+    async def closed_loop_round(concurrency: int) -> float:
+        started = time.perf_counter()
+        await asyncio.gather(*(submit([query]) for _ in range(concurrency)))
+        return time.perf_counter() - started
+
+    await closed_loop_round(batch)
+    beta = min([await closed_loop_round(1) for _ in range(3)])
+    alpha = await closed_loop_round(batch) / batch
+    depth = max(1, int((slo - beta) / alpha)) if slo > beta else 1
+    return DepthSource(
+        pool, depth, "warm-up probe", detail={"alpha": alpha, "beta": beta, "query_tokens": len(query)}
+    )
