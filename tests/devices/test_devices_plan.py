@@ -36,7 +36,9 @@ def _cpus(text: str) -> tuple[int, ...]:
 
 CASES = [
     # id, machine, allowed, accelerators, layout, reserved, expected rows
-    ("vm2", "vm2", None, (), "per-node", "", {"cpu": [("cpu", (0, 1), (0,), 1, 2)]}),
+    # Nothing reserved: the service shares the cores, so one 1-thread instance per core.
+    ("vm2", "vm2", None, (), "per-node", "", {"cpu": [("cpu", (0,), (0,), 1, 1), ("cpu", (1,), (0,), 1, 1)]}),
+    ("vm2 tp", "vm2", None, (), "tp", "", {"cpu": [("cpu", (0, 1), (0,), 1, 2)]}),
     (
         "vm2+gpu",
         "vm2", None, (V100,), "per-node", "0",
@@ -122,7 +124,12 @@ CASES = [
     (
         "container one node, no siblings",
         "xeon2s", "0-3", (), "per-node", "",
-        {"cpu": [("cpu", (0, 1, 2, 3), (0,), 1, 4)]},
+        {"cpu": [("cpu", (core,), (0,), 1, 1) for core in range(4)]},
+    ),
+    (
+        "small arm container",
+        "kunpeng920", "40-43", (), "per-node", "",
+        {"cpu": [("cpu", (core,), (0,), 1, 1) for core in (43, 42, 41, 40)]},
     ),
     (
         "container one node+gpu",
@@ -234,7 +241,8 @@ def test_no_reserved_cores_leaves_feeding_thread_unpinned(hardware_for) -> None:
     assert plan.reserved_cores == ()
     assert plan.pool("accelerator").instances[0].cores == ()
     assert any("unpinned" in note for note in plan.notes)
-    assert [len(i.cores) for i in plan.pool("cpu").instances] == [24, 24]
+    # The service shares every core: one single-threaded instance per physical core (2 SMT CPUs).
+    assert [(len(i.cores), i.threads) for i in plan.pool("cpu").instances] == [(2, 1)] * 24
 
 
 @pytest.mark.parametrize(
