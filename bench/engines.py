@@ -15,7 +15,6 @@ import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import numpy as np
 import torch
 
 from windve.engines import create_engine, pad_batch

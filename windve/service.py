@@ -6,7 +6,6 @@ profiling) stand on, so calibration measures exactly the path that serves.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import logging

@@ -1,0 +1,101 @@
+"""The calibration as text: a table like the paper's Table III, then fits and notes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from estimator.calibration import Calibration
+from estimator.stress import FineTuneResult
+
+
+def _depth(value: int | None, ran: bool) -> str:
+    if not ran:
+        return "-"
+    return "unusable" if value is None or value == 0 else str(value)
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+
+    def line(cells: Sequence[str]) -> str:
+        # SLO and pool name left-aligned, numbers right-aligned.
+        return "  ".join(
+            cell.ljust(width) if i < 2 else cell.rjust(width) for i, (cell, width) in enumerate(zip(cells, widths))
+        )
+
+    return [line(header), "  ".join("-" * width for width in widths), *(line(row) for row in rows)]
+
+
+def _fine_tune_for(calibration: Calibration, slo: float) -> FineTuneResult | None:
+    return next((result for result in calibration.fine_tune if result.slo == slo), None)
+
+
+def format_report(calibration: Calibration) -> str:
+    """Depth per pool and SLO by each method with the wall time it took, then the fits."""
+    any_stress = any(pool.stress is not None for pool in calibration.pools.values())
+    step = next((pool.stress.step for pool in calibration.pools.values() if pool.stress), None)
+    stress_title = f"stress test (step {step})" if any_stress else "stress test"
+    header = ["SLO (s)", "pool", "estimate", "time (s)", stress_title, "time (s)", "fine-tuned", "time (s)"]
+    rows = []
+    for slo in calibration.slos:
+        tuned = _fine_tune_for(calibration, slo)
+        for name, pool in calibration.pools.items():
+            entry = pool.at(slo)
+            rows.append(
+                [
+                    f"{slo:g}",
+                    name,
+                    _depth(entry.estimate, True),
+                    _seconds(pool.profile_seconds),
+                    _depth(entry.stress_test, pool.stress is not None),
+                    _seconds(pool.stress.seconds if pool.stress else None),
+                    _depth(entry.fine_tuned, tuned is not None),
+                    _seconds(tuned.seconds if tuned else None),
+                ]
+            )
+    aim = f", aiming at {1 - calibration.headroom:.0%} of the SLO" if calibration.headroom else ""
+    lines = [
+        f"Queue depths (queries of {calibration.query_tokens} tokens, {calibration.rounds} rounds per level{aim}) "
+        f"for {calibration.model.name} on {calibration.hardware_fingerprint}",
+        *_table(header, rows),
+        "",
+    ]
+    if calibration.fine_tune:
+        lines.append("Fine-tuning loads all pools together, so its time is shared by the pools of one SLO.")
+        for result in calibration.fine_tune:
+            if not result.confirmed:
+                lines.append(
+                    f"  SLO {result.slo:g} s: the final check with all pools at their tuned depths missed "
+                    "the SLO (noise or interference); consider more --rounds."
+                )
+    lines.append("Fits (tail latency t in seconds, C queries in flight):")
+    for name, pool in calibration.pools.items():
+        fit = pool.fit
+        lines.append(
+            f"  {name}: t = {fit.alpha:.5g}*C + {fit.beta:.5g}  "
+            f"(R^2 = {fit.r2:.4f}, {fit.points} levels; stopped: {pool.profile_stop})"
+        )
+        if pool.length_fit is not None:
+            lf = pool.length_fit
+            budgets = ", ".join(
+                f"{entry.token_budget} tokens at {entry.slo:g} s" for entry in pool.depths if entry.token_budget
+            )
+            lines.append(
+                f"  {name} by length: t = {lf.per_token:.4g}*C*L + {lf.per_query:.4g}*C + {lf.constant:.4g}  "
+                f"(R^2 = {lf.r2:.4f}, L = {lf.min_length}..{lf.max_length}, {pool.length_seconds:.1f} s); "
+                f"token budget: {budgets or 'none'} (charge each query its length + {lf.per_query_tokens} tokens)"
+            )
+        for entry in pool.depths:
+            if entry.estimate is None or "capped" in entry.reason:
+                lines.append(f"  {name} at {entry.slo:g} s: {entry.reason}")
+    if calibration.cpu_layout is not None:
+        trials = ", ".join(
+            f"{t.name}: {t.depth if t.depth is not None else ('error' if t.error else 'unusable')} ({t.seconds:.1f} s)"
+            for t in calibration.cpu_layout.trials
+        )
+        lines.append(f"CPU layout: chose {calibration.cpu_layout.chosen or 'none'} (depth per layout: {trials})")
+    return "\n".join(lines)

@@ -1,0 +1,114 @@
+"""`windve calibrate` end to end: bad arguments, and a full run against a real HTTP server."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import matplotlib.image
+import pytest
+import redis
+
+from estimator.calibration import load_calibration
+from tests.estimator.cli_runner import run_cli
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--slo", "0"], "--slo must be > 0, got '0'"),
+        (["--slo", "-1"], "--slo must be > 0"),
+        (["--slo", "fast"], "--slo must be a number, got 'fast'"),
+        (["--rounds", "0"], "--rounds must be > 0"),
+        (["--pools", "gpu"], "unknown pool gpu: choose from accelerator, cpu"),
+        (["--lengths", "75"], "--lengths needs two or more token counts"),
+        (["--step", "1.5"], "--step must be a number"),
+    ],
+)
+def test_bad_arguments_exit_2_at_parse_time(argv, message, capsys) -> None:
+    with pytest.raises(SystemExit) as exited:
+        run_cli(*argv)
+    assert exited.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--out", "/nonexistent-folder/c.json"], "--out /nonexistent-folder/c.json: folder /nonexistent-folder does not exist"),
+        (["--out", "{tmp}"], "is a directory"),
+        (["--plot", "/proc/version"], "--plot /proc/version is not writable"),
+        (["--out", "/proc/calibration.json"], "--out /proc/calibration.json is not writable"),
+        (["--out", "{tmp}/same", "--plot", "{tmp}/same"], "--out and --plot name the same file"),
+        (["--query-tokens", "100000"], "query length 100000 is outside 3..256 tokens"),
+        (["--lengths", "2,75"], "query length 2 is outside 3..256"),
+        (["--url", "ftp://host"], "--url must start with http:// or https://"),
+        (["--url", "http://127.0.0.1:9", "--pools", "cpu"], "--pools and --choose-cpu-layout need the in-process mode"),
+    ],
+)
+def test_bad_arguments_exit_2_before_profiling(argv, message, tmp_path: Path, monkeypatch, capsys) -> None:
+    monkeypatch.chdir(tmp_path)
+    code = run_cli(*[arg.replace("{tmp}", str(tmp_path)) for arg in argv])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("windve calibrate: error: ") and message in err
+    assert not (tmp_path / "calibration.json").exists()
+
+
+def test_bad_config_file_exits_2(tmp_path: Path, monkeypatch, capsys) -> None:
+    monkeypatch.delenv("WINDVE_CONFIG", raising=False)
+    config = tmp_path / "windve.yaml"
+    config.write_text("slo_seconds: -1\n")
+    try:
+        assert run_cli("--config", str(config), "--out", str(tmp_path / "c.json")) == 2
+    finally:
+        os.environ.pop("WINDVE_CONFIG", None)  # load_settings exports it for the process
+    assert "slo_seconds" in capsys.readouterr().err
+
+
+def test_unreachable_server_exits_1_and_says_so(tmp_path: Path, capsys) -> None:
+    code = run_cli("--url", "http://127.0.0.1:9", "--out", str(tmp_path / "c.json"), "--plot", str(tmp_path / "c.png"))
+    assert code == 1
+    assert "http://127.0.0.1:9/embed does not answer" in capsys.readouterr().err
+    assert not (tmp_path / "c.json").exists()
+
+
+def test_calibrating_a_server_by_url_writes_json_png_table_and_redis(
+    sim_server_factory, redis_server, tmp_path: Path, capsys
+) -> None:
+    server = sim_server_factory("--per-query", "0.001", "--per-token", "0.00002")
+    out, plot = tmp_path / "calibration.json", tmp_path / "calibration.png"
+    code = run_cli(
+        "--url", server.url, "--slo", "0.1", "--slo", "0.05", "--rounds", "2", "--max-concurrency", "128",
+        "--stress-test", "--step", "8", "--fine-tune", "--lengths", "16,75",
+        "--out", str(out), "--plot", str(plot), "--redis-url", redis_server.url,
+    )
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    calibration = load_calibration(out)
+    assert calibration.model.name == "simulated-model" and calibration.model.revision == "sim-rev-1"
+    assert calibration.hardware_fingerprint == "sim-host"
+    assert list(calibration.pools) == ["server"] and calibration.slos == (0.1, 0.05)
+    pool = calibration.pools["server"]
+    assert pool.fit.alpha > 0 and pool.fit.r2 > 0.5  # HTTP on a shared machine is noisy; quality is tested elsewhere
+    assert pool.stress is not None and pool.length_fit is not None
+    assert all(entry.estimate and entry.stress_test is not None and entry.fine_tuned for entry in pool.depths)
+    assert plot.read_bytes()[:8] == PNG_MAGIC and matplotlib.image.imread(plot).ndim == 3
+    assert "stress test (step 8)" in captured.out and f"wrote {out} and {plot}" in captured.out
+    assert "published to Redis under windve:calibration:sim-rev-1:sim-host" in captured.out
+    stored = redis.Redis.from_url(redis_server.url).get("windve:calibration:sim-rev-1:sim-host")
+    assert json.loads(stored) == json.loads(out.read_text())
+
+
+def test_server_answering_busy_is_profiled_up_to_its_limit(sim_server_factory, tmp_path: Path, capsys) -> None:
+    server = sim_server_factory("--limit", "6", "--per-query", "0.05")  # requests of a round overlap
+    out = tmp_path / "c.json"
+    code = run_cli("--url", server.url, "--slo", "1", "--rounds", "2", "--out", str(out), "--plot", str(tmp_path / "c.png"))
+    assert code == 0, capsys.readouterr().err
+    samples = load_calibration(out).pools["server"].samples
+    assert samples[-1].concurrency == 8 and samples[-1].failures > 0
+    assert "HTTP 429" in (samples[-1].first_error or "")
+    assert "p95 inf s > SLO 1 s at C=8" in capsys.readouterr().out

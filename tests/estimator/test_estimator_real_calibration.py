@@ -1,0 +1,73 @@
+"""A short real calibration of the MiniLM CPU pool through the service's dispatch path.
+
+The estimate (with the default headroom, as `windve calibrate` computes it) must hold in a
+closed-loop run: at the estimated depth the tail meets the SLO, at 1.5x the depth it does
+not. A short SLO keeps the run quick.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import matplotlib.image
+import pytest
+
+from estimator.calibration import load_calibration
+from estimator.fit import decide_depth
+from estimator.pipeline import CalibrationOptions, fit_profile
+from estimator.profile import profile_pool
+from estimator.rounds import measure_level
+from tests.estimator.cli_runner import run_cli
+
+
+SLO = 0.4
+TOKENS = 75
+
+
+@pytest.fixture(scope="module")
+def cpu_runtime() -> Iterator[tuple[object, asyncio.AbstractEventLoop]]:
+    """The real runtime (model, CPU worker, queue manager) on its own loop, once per module."""
+    from windve.service import Runtime
+    from windve.settings import load_settings
+
+    loop = asyncio.new_event_loop()
+    runtime = loop.run_until_complete(Runtime.start(load_settings(device="cpu")))
+    try:
+        yield runtime, loop
+    finally:
+        loop.run_until_complete(runtime.close())
+        loop.close()
+
+
+def test_estimated_depth_meets_the_slo_and_one_and_a_half_times_it_does_not(cpu_runtime) -> None:
+    runtime, loop = cpu_runtime
+    assert "cpu" in runtime.pool_names
+    submit = runtime.pool_submitter("cpu")
+    profile = loop.run_until_complete(
+        profile_pool(submit, runtime.make_query, SLO, query_tokens=TOKENS, rounds=3, max_concurrency=256, pool="cpu")
+    )
+    fit = fit_profile("cpu", profile.samples)
+    assert fit.r2 > 0.9, profile.samples
+    depth = decide_depth(fit, SLO, cap=256, headroom=CalibrationOptions().headroom).depth  # the product default
+    assert depth is not None and depth >= 2, (fit, profile.samples)
+
+    at_depth = loop.run_until_complete(measure_level(submit, runtime.make_query, depth, TOKENS, 5))
+    beyond = loop.run_until_complete(measure_level(submit, runtime.make_query, math.ceil(1.5 * depth), TOKENS, 5))
+    assert at_depth.p95 <= SLO, (depth, at_depth, fit)
+    assert beyond.p95 > SLO, (depth, beyond, fit)
+    assert at_depth.failures == beyond.failures == 0
+
+
+def test_calibrate_command_in_process_writes_json_and_png(tmp_path: Path, capsys) -> None:
+    out, plot = tmp_path / "calibration.json", tmp_path / "calibration.png"
+    code = run_cli("--slo", "0.3", "--rounds", "2", "--max-concurrency", "64", "--out", str(out), "--plot", str(plot))
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    calibration = load_calibration(out)
+    assert "cpu" in calibration.pools and calibration.model.name.endswith("all-MiniLM-L6-v2")
+    assert calibration.pools["cpu"].fit.points >= 2 and calibration.pools["cpu"].at(0.3).reason
+    assert matplotlib.image.imread(plot).ndim == 3
+    assert "SLO (s)" in captured.out
