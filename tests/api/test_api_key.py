@@ -1,0 +1,38 @@
+"""The optional bearer API key: embedding routes and /info need it; /health and /metrics do not."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.servers import start_server
+
+KEY = "s3cret-key"
+
+
+@pytest.fixture(scope="module")
+def keyed_server(tmp_path_factory):
+    server = start_server(tmp_path_factory.mktemp("keyed"), env={"WINDVE_API_KEY": KEY, "WINDVE_CACHE_SIZE": "0"})
+    yield server
+    server.stop()
+
+
+@pytest.mark.parametrize("header", [None, "Bearer wrong", "Basic s3cret-key", f"Bearer {KEY}x"])
+def test_missing_or_wrong_key_is_401(keyed_server, header):
+    headers = {"Authorization": header} if header else {}
+    tei = httpx.post(keyed_server.url + "/embed", json={"inputs": "x"}, headers=headers)
+    assert tei.status_code == 401 and tei.json()["error_type"] == "unauthorized"
+    assert tei.headers["www-authenticate"] == "Bearer"
+    openai = httpx.post(keyed_server.url + "/v1/embeddings", json={"input": "x"}, headers=headers)
+    assert openai.status_code == 401 and openai.json()["error"]["code"] == "invalid_api_key"
+    assert httpx.get(keyed_server.url + "/info", headers=headers).status_code == 401
+
+
+def test_right_key_is_served_and_probes_stay_public(keyed_server):
+    auth = {"Authorization": f"Bearer {KEY}"}
+    assert httpx.post(keyed_server.url + "/embed", json={"inputs": "x"}, headers=auth).status_code == 200
+    assert httpx.post(keyed_server.url + "/v1/embeddings", json={"input": "x"}, headers=auth).status_code == 200
+    assert httpx.get(keyed_server.url + "/info", headers=auth).status_code == 200
+    assert httpx.get(keyed_server.url + "/health").status_code == 200
+    assert httpx.get(keyed_server.url + "/metrics").status_code == 200
+    assert KEY not in httpx.get(keyed_server.url + "/info", headers=auth).text

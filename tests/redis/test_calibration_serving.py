@@ -1,0 +1,96 @@
+"""`windve serve` takes its depths from a calibration file, and from Redis while it runs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from dataclasses import replace
+
+import httpx
+
+from estimator.calibration import Calibration, ModelIdentity, PoolCalibration, SloDepth, save_calibration, to_dict
+from estimator.fit import LinearFit
+from estimator.rounds import LevelSample
+from tests.servers import start_server
+
+
+def calibration(revision: str, fingerprint: str, depth: int, created: str) -> Calibration:
+    fit = LinearFit(alpha=0.01, beta=0.05, r2=0.99, points=4)
+    pool = PoolCalibration(
+        samples=tuple(LevelSample(c, 75, 3, 0.05 + 0.01 * c, 0.06 + 0.01 * c, 0, None) for c in (1, 2, 4, 8)),
+        fit=fit,
+        profile_seconds=1.0,
+        depths=(SloDepth(1.0, depth, "floor((T - beta) / alpha)"),),
+    )
+    return Calibration(
+        model=ModelIdentity("sentence-transformers/all-MiniLM-L6-v2", revision),
+        hardware_fingerprint=fingerprint,
+        slos=(1.0,),
+        query_tokens=75,
+        rounds=3,
+        pools={"cpu": pool},
+        created=created,
+    )
+
+
+def cpu_pool(url: str) -> dict:
+    return next(pool for pool in httpx.get(url + "/info").json()["pools"] if pool["name"] == "cpu")
+
+
+def test_serve_uses_the_calibration_file_and_warns_on_another_machine(tmp_path, model_spec):
+    path = save_calibration(calibration(model_spec.revision, "another-machine", 77, "2026-01-01T00:00:00+00:00"), tmp_path / "cal.json")
+    server = start_server(tmp_path, "--calibration-file", str(path), "--cache-size", "0")
+    try:
+        pool = cpu_pool(server.url)
+        assert pool["depth"] == 77
+        assert pool["depth_source"] == f"calibration ({path})"
+        assert pool["fit"]["alpha"] == 0.01 and pool["fit"]["beta"] == 0.05
+        assert "another-machine" in server.log() and "re-run `windve calibrate`" in server.log()
+    finally:
+        server.stop()
+
+
+def test_serve_derives_an_uncalibrated_slo_from_the_fit(tmp_path, model_spec):
+    path = save_calibration(calibration(model_spec.revision, "x", 77, "2026-01-01T00:00:00+00:00"), tmp_path / "cal.json")
+    server = start_server(tmp_path, "--calibration-file", str(path), "--slo-seconds", "0.5", "--cache-size", "0")
+    try:
+        assert cpu_pool(server.url)["depth"] == 45  # floor((0.5 - 0.05) / 0.01)
+    finally:
+        server.stop()
+
+
+def test_published_calibration_applies_live(redis_server, tmp_path, model_spec):
+    server = start_server(tmp_path, "--redis-url", redis_server.url, "--cache-size", "0")
+    try:
+        before = cpu_pool(server.url)
+        assert before["depth_source"] == "warm-up probe"
+        fingerprint = httpx.get(server.url + "/info").json()["hardware_fingerprint"]
+        newer = calibration(model_spec.revision, fingerprint, 123, "2026-06-01T00:00:00+00:00")
+        script = (
+            "import json, sys; from windve.calibration_store import publish_sync; "
+            "publish_sync(json.loads(sys.stdin.read()), sys.argv[1])"
+        )
+        subprocess.run(
+            [sys.executable, "-c", script, redis_server.url],
+            input=__import__("json").dumps(to_dict(newer)), text=True, check=True, timeout=60,
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and cpu_pool(server.url)["depth"] != 123:
+            time.sleep(0.1)
+        pool = cpu_pool(server.url)
+        assert (pool["depth"], pool["depth_source"]) == (123, "calibration (redis)")
+        assert httpx.post(server.url + "/embed", json={"inputs": "still serving"}).status_code == 200
+        info = httpx.get(server.url + "/info").json()
+        assert info["calibration"]["origin"] == "redis"
+        # An older calibration never replaces the one in force.
+        older = replace(newer, pools={"cpu": replace(newer.pools["cpu"], depths=(SloDepth(1.0, 5, "old"),))},
+                        created="2025-01-01T00:00:00+00:00")
+        result = subprocess.run(
+            [sys.executable, "-c", script, redis_server.url],
+            input=__import__("json").dumps(to_dict(older)), text=True, timeout=60, capture_output=True,
+        )
+        assert result.returncode != 0 and "Stale" in result.stderr
+        assert cpu_pool(server.url)["depth"] == 123
+    finally:
+        server.stop()
