@@ -24,16 +24,16 @@ from windve.tokenizer import TextTokenizer
 CANDIDATES = [("torch", "fp32"), ("torch", "bf16"), ("onnx", "fp32")]
 
 
-def best_rate(run_batch, batches: list, repeats: int) -> float:
+def best_rate(run_batch, batches: list, sizes: list[int], repeats: int) -> float:
     for batch in batches[:2]:
         run_batch(batch)
     best = 0.0
     for _ in range(repeats):
         started = time.perf_counter()
         done = 0
-        for batch in batches:
+        for batch, size in zip(batches, sizes):
             run_batch(batch)
-            done += len(batch)
+            done += size
         best = max(best, done / (time.perf_counter() - started))
     return best
 
@@ -63,10 +63,11 @@ def main() -> None:
     for size in sizes:
         text_batches = [texts[i : i + size] for i in range(0, len(texts), size)]
         id_batches = [pad_batch(sequences[i : i + size]) for i in range(0, len(sequences), size)]
-        st_rate = best_rate(lambda b: reference.encode(b, batch_size=size), text_batches, args.repeats)
+        counts = [len(batch) for batch in text_batches]
+        st_rate = best_rate(lambda b: reference.encode(b, batch_size=size), text_batches, counts, args.repeats)
         row = f"{size:>5} {st_rate:>16.1f} emb/s"
         for engine in engines.values():
-            rate = best_rate(lambda b: engine.embed(*b), id_batches, args.repeats)
+            rate = best_rate(lambda b: engine.embed(*b), id_batches, counts, args.repeats)
             row += f"{rate:>10.1f} ({rate / st_rate:4.2f}x)".rjust(22)
         print(row)
 
