@@ -9,8 +9,9 @@ For 1 and 32 texts of about 75 tokens it prints, as median and p99 in millisecon
 - miss: cache keys + get_many (all miss) + put_many, i.e. what the cache adds to a miss;
 - embed: tokenize + engine.embed + normalize (torch, cpu, fp32), what a hit saves;
 for the in-process LRU, Redis without an L1 (every lookup a round trip) and Redis behind a
-warm L1. Figures depend on the machine and its load; the HTTP-level comparison belongs to
-the server's own benchmark.
+warm L1; then the same over HTTP: a real `windve serve` sharing a real redis-server, timing a
+request whose texts were never seen (miss: queued and embedded) against the same request sent
+again (all hit: answered without a queue slot). Figures depend on the machine and its load.
 """
 
 from __future__ import annotations
@@ -28,7 +29,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.redis_server
 
+import httpx  # noqa: E402
+
 from tests.redis_server import start_on_free_port  # noqa: E402
+from tests.servers import start_server  # noqa: E402
 from windve.cache import cache_keys, create_cache  # noqa: E402
 from windve.settings import Settings  # noqa: E402
 
@@ -136,6 +140,28 @@ def bench_engine(repeat: int) -> int:
     return spec.dim
 
 
+def http_figures(redis_url: str, repeat: int) -> None:
+    workdir = Path(tempfile.mkdtemp(prefix="windve-bench-serve-"))
+    server = start_server(workdir, "--redis-url", redis_url)
+    try:
+        with httpx.Client(base_url=server.url, timeout=60) as client:
+            for count in (1, 32):
+                misses, hits = [], []
+                for round_index in range(repeat):
+                    body = {"inputs": make_texts(count, offset=10_000 * (count + 1) + 100 * round_index)}
+                    started = time.perf_counter()
+                    first = client.post("/embed", json=body)
+                    misses.append(time.perf_counter() - started)
+                    started = time.perf_counter()
+                    again = client.post("/embed", json=body)
+                    hits.append(time.perf_counter() - started)
+                    assert first.status_code == again.status_code == 200 and first.content == again.content
+                print(f"{'HTTP /embed, redis':<22} {count:>5} {'miss':<6} {summary(misses)}")
+                print(f"{'HTTP /embed, redis':<22} {count:>5} {'hit':<6} {summary(hits)}")
+    finally:
+        server.stop()
+
+
 async def main_async(args: argparse.Namespace, dim: int) -> None:
     base = {"cache_size": 100_000, "cache_ttl_seconds": 3600, "redis_timeout_seconds": 0.5}
     await bench_cache("local LRU", Settings(redis_url=None, **base), None, args.repeat, dim)
@@ -144,6 +170,7 @@ async def main_async(args: argparse.Namespace, dim: int) -> None:
         redis_settings = Settings(redis_url=server.url, **base)
         await bench_cache("redis (no L1)", redis_settings, 0, args.repeat, dim)
         await bench_cache("redis + warm L1", redis_settings, None, args.repeat, dim)
+        await asyncio.to_thread(http_figures, server.url, args.http_repeat)
     finally:
         server.stop()
 
@@ -152,6 +179,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeat", type=int, default=300, help="timed calls per cache figure")
     parser.add_argument("--engine-repeat", type=int, default=10, help="timed calls per engine figure")
+    parser.add_argument("--http-repeat", type=int, default=30, help="request pairs per HTTP figure")
     args = parser.parse_args()
     print(f"{'what':<22} {'texts':>5} {'call':<6} {'median ms':>9} {'p99 ms':>9}")
     dim = bench_engine(args.engine_repeat)
