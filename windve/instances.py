@@ -1,12 +1,16 @@
 """An engine in the service process, fed by one thread: how accelerator instances run.
 
 The feeding thread keeps padding, host->device copies and the forward pass off the event
-loop; torch releases the GIL inside its kernels, so the loop keeps answering HTTP.
+loop; torch releases the GIL inside its kernels, so the loop keeps answering HTTP. The
+feeding thread is pinned to the instance's cores (Linux applies sched_setaffinity(0) to the
+calling thread only, and the threads it starts inherit it), so an accelerator's host path
+stays on its reserved cores.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -21,18 +25,28 @@ WARMUP_SEQUENCE = np.array([101] + [1037] * 14 + [102], dtype=np.int32)
 class EngineInstance:
     """Adapts an Engine to the queue manager's Instance protocol."""
 
-    def __init__(self, name: str, make_engine: Callable[[], Engine], pad_id: int = 0) -> None:
+    def __init__(
+        self, name: str, make_engine: Callable[[], Engine], pad_id: int = 0, cores: Sequence[int] = ()
+    ) -> None:
         self.name = name
         self._make_engine = make_engine
         self._pad_id = pad_id
+        self.cores = tuple(cores)
         self._engine: Engine | None = None
         self._executor: ThreadPoolExecutor | None = None
 
     async def start(self) -> None:
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"feed-{self.name}")
+        self._executor = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix=f"feed-{self.name}", initializer=self._pin_feeding_thread
+        )
         loop = asyncio.get_running_loop()
         self._engine = await loop.run_in_executor(self._executor, self._make_engine)
         await self.embed([WARMUP_SEQUENCE] * 2)
+
+    def _pin_feeding_thread(self) -> None:
+        if self.cores:
+            os.sched_setaffinity(0, self.cores)
+        self.feeding_thread_affinity = sorted(os.sched_getaffinity(0))
 
     def _embed_now(self, sequences: Sequence[np.ndarray]) -> np.ndarray:
         input_ids, attention_mask = pad_batch(sequences, self._pad_id)
@@ -60,6 +74,8 @@ class EngineInstance:
         engine = self._engine
         return {
             "kind": "in-process",
+            "cores": list(self.cores),
+            "feeding_thread_affinity": getattr(self, "feeding_thread_affinity", None),
             "device": getattr(engine, "device", None),
             "dtype": getattr(engine, "dtype", None),
             "engine": type(engine).__name__ if engine else None,

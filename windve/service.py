@@ -232,7 +232,9 @@ def build_instance(
     settings: Settings, spec: ModelSpec, hardware: devices.Hardware, inst: devices.InstanceSpec
 ) -> Instance:
     engine = inst.engine or settings.engine
-    if inst.device == "cpu" and settings.cpu_worker_processes:
+    # Accelerator-pool instances run in the service process, fed by one thread, even when an
+    # explicit plan puts a CPU engine there: that is the accelerator path, run on this CPU.
+    if inst.device == "cpu" and inst.pool == "cpu" and settings.cpu_worker_processes:
         from windve.cpu.instance import CpuWorkerInstance
 
         by_node = hardware.topology.cores_by_node(inst.cores)
@@ -254,7 +256,7 @@ def build_instance(
             torch.set_num_threads(inst.threads)
         return create_engine(spec, engine, inst.device, settings.dtype, settings.onnx_cache_dir)
 
-    return EngineInstance(inst.name, make_engine)
+    return EngineInstance(inst.name, make_engine, cores=inst.cores)
 
 
 def hardware_fingerprint(hardware: devices.Hardware, plan: devices.Plan) -> str:

@@ -85,6 +85,11 @@ def test_burst_fills_accelerator_then_cpu_then_busy(two_pool_server, reference_m
     server = two_pool_server
     info = httpx.get(server.url + "/info").json()
     assert [(p["name"], p["depth"]) for p in info["pools"]] == [("accelerator", ACC_DEPTH), ("cpu", CPU_DEPTH)]
+    # The accelerator pool runs the accelerator path (in-process, one pinned feeding thread) on
+    # core 0; the CPU pool a pinned worker process on core 1.
+    accelerator, cpu = (pool["instances"][0] for pool in info["pools"])
+    assert (accelerator["kind"], accelerator["feeding_thread_affinity"]) == ("in-process", [0])
+    assert (cpu["kind"], cpu["ranks"][0]["affinity"]) == ("cpu-worker", [1])
     before = dispatched(server.url)
     texts = [long_text(i) for i in range(12)]
     bodies = [f'{{"inputs": "{text}"}}'.encode() for text in texts]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import hmac
 import time
+from collections.abc import Awaitable, Callable
 
 from fastapi import APIRouter
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -55,6 +56,30 @@ def _pipeline(request: Request) -> EmbeddingPipeline:
     return pipeline
 
 
+async def _answered(
+    request: Request,
+    route: str,
+    handle: Callable[[], Awaitable[Response]],
+    error_shape: Callable[[ApiError], Response],
+) -> Response:
+    """Run a route's handler with the key check, its error shape and the request metrics."""
+    started = time.perf_counter()
+    status = 200
+    try:
+        check_api_key(request)
+        return await handle()
+    except ApiError as error:
+        status = error.status
+        metrics.ERRORS.labels(route, error.error_type).inc()
+        return error_shape(error)
+    except ClientGone:
+        status = CLIENT_CLOSED
+        return Response(status_code=CLIENT_CLOSED)
+    finally:
+        metrics.REQUESTS.labels(route, str(status)).inc()
+        metrics.E2E_TIME.labels(route).observe(time.perf_counter() - started)
+
+
 @router.post(
     "/embed",
     summary="Embed texts (text-embeddings-inference shape)",
@@ -63,24 +88,13 @@ def _pipeline(request: Request) -> EmbeddingPipeline:
     openapi_extra=request_schema(EmbedRequest),
 )
 async def embed(request: Request) -> Response:
-    started = time.perf_counter()
-    status = 200
-    try:
-        check_api_key(request)
+    async def handle() -> Response:
         body = parse(EmbedRequest, await read_json(request, _state(request).settings.max_request_bytes))
         texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
         vectors, _ = await _pipeline(request).embed(texts, body.normalize, body.truncate, request, "inputs")
         return json_response(vectors)
-    except ApiError as error:
-        status = error.status
-        metrics.ERRORS.labels("embed", error.error_type).inc()
-        return error.tei_response()
-    except ClientGone:
-        status = CLIENT_CLOSED
-        return Response(status_code=CLIENT_CLOSED)
-    finally:
-        metrics.REQUESTS.labels("embed", str(status)).inc()
-        metrics.E2E_TIME.labels("embed").observe(time.perf_counter() - started)
+
+    return await _answered(request, "embed", handle, ApiError.tei_response)
 
 
 @router.post(
@@ -91,12 +105,8 @@ async def embed(request: Request) -> Response:
     openapi_extra=request_schema(OpenAIEmbeddingRequest),
 )
 async def openai_embeddings(request: Request) -> Response:
-    started = time.perf_counter()
-    status = 200
-    try:
-        check_api_key(request)
-        state = _state(request)
-        body = parse(OpenAIEmbeddingRequest, await read_json(request, state.settings.max_request_bytes))
+    async def handle() -> Response:
+        body = parse(OpenAIEmbeddingRequest, await read_json(request, _state(request).settings.max_request_bytes))
         pipeline = _pipeline(request)
         spec = pipeline.runtime.spec
         if body.dimensions is not None and body.dimensions != spec.dim:
@@ -118,16 +128,8 @@ async def openai_embeddings(request: Request) -> Response:
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
             }
         )
-    except ApiError as error:
-        status = error.status
-        metrics.ERRORS.labels("openai", error.error_type).inc()
-        return error.openai_response()
-    except ClientGone:
-        status = CLIENT_CLOSED
-        return Response(status_code=CLIENT_CLOSED)
-    finally:
-        metrics.REQUESTS.labels("openai", str(status)).inc()
-        metrics.E2E_TIME.labels("openai").observe(time.perf_counter() - started)
+
+    return await _answered(request, "openai", handle, ApiError.openai_response)
 
 
 @router.get("/health", summary="200 when every pool can serve, 503 while loading or broken")
