@@ -57,16 +57,19 @@ def start_server(workdir: Path, *args: str, env: dict[str, str] | None = None, w
     return server
 
 
-def wait_healthy(server: ServerProcess, timeout: float = START_TIMEOUT) -> None:
+def wait_healthy(server, timeout: float = START_TIMEOUT) -> None:
+    """Poll GET /health until 200. `server` has .url and .process; .log() adds its output to errors."""
+    describe = getattr(server, "log", lambda: "")
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if server.process.poll() is not None:
-            raise RuntimeError(f"server exited with {server.process.returncode}:\n{server.log()}")
+            raise RuntimeError(f"server exited with {server.process.returncode}:\n{describe()}")
         try:
             if httpx.get(server.url + "/health", timeout=2).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
-        time.sleep(0.1)  # polling interval of a real condition, bounded by the deadline
-    server.stop()
-    raise TimeoutError(f"server not healthy after {timeout}s:\n{server.log()}")
+        time.sleep(0.05)  # polling interval of a real condition, bounded by the deadline
+    server.process.kill()
+    server.process.wait()
+    raise TimeoutError(f"server not healthy after {timeout}s:\n{describe()}")

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
 
-from tests.servers import free_port
+from tests.servers import free_port, wait_healthy
 
 SIM_SERVER = Path(__file__).with_name("sim_server.py")
 
@@ -21,20 +19,6 @@ SIM_SERVER = Path(__file__).with_name("sim_server.py")
 class SimServer:
     url: str
     process: subprocess.Popen
-
-
-def _wait_healthy(server: SimServer, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if server.process.poll() is not None:
-            raise RuntimeError(f"sim server exited with {server.process.returncode}")
-        try:
-            if httpx.get(server.url + "/health", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.05)  # polling a real condition, bounded by the deadline
-    raise TimeoutError("sim server did not become healthy")
 
 
 @pytest.fixture
@@ -47,7 +31,7 @@ def sim_server_factory() -> Iterator[Callable[..., SimServer]]:
         process = subprocess.Popen([sys.executable, str(SIM_SERVER), "--port", str(port), *args])
         server = SimServer(f"http://127.0.0.1:{port}", process)
         started.append(server)
-        _wait_healthy(server)
+        wait_healthy(server, timeout=60.0)
         return server
 
     yield start
