@@ -73,7 +73,7 @@ class Settings(BaseSettings):
 
     # State
     redis_url: str | None = None
-    cache_size: int = Field(100_000, ge=0)  # in-process LRU entries; 0 = off
+    cache_size: int = Field(100_000, ge=0)  # in-process entries (an L1 of at most 10_000 with Redis); 0 = off
     cache_ttl_seconds: int = Field(7 * 24 * 3600, ge=1)
     redis_timeout_seconds: float = Field(0.05, gt=0)
 
