@@ -22,6 +22,8 @@ from queue_manager.protocol import Busy, Instance, QueryFailed, ShuttingDown
 log = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 2  # a query meets at most this many failing instances before it errors
+LOOKAHEAD = 128  # queued queries a batch looks past the oldest for companions of similar length
+MAX_LENGTH_SPREAD = 1.5  # longest / shortest query in one batch
 RESTART_BACKOFF = (0.5, 1.0, 2.0, 5.0, 10.0)
 
 
@@ -221,18 +223,32 @@ class QueueManager:
     # ---- batching --------------------------------------------------------------------
 
     def _take_batch(self, slot: InstanceSlot) -> list[Query]:
-        """FIFO, up to max_batch_size queries and max_batch_tokens padded tokens."""
-        batch: list[Query] = []
-        longest = 0
+        """The oldest query, joined by queued queries of similar length.
+
+        Up to max_batch_size queries and max_batch_tokens padded tokens. A batch is padded
+        to its longest query, so a 16-token query batched with a 256-token one costs 256:
+        companions are taken in FIFO order from the next LOOKAHEAD queries, skipping those
+        whose length would stretch the batch's longest/shortest ratio past MAX_LENGTH_SPREAD.
+        The oldest query always goes first, so nothing waits behind more than a few batches.
+        """
         queue = slot.queue
-        while queue and len(batch) < self.max_batch_size:
-            candidate = queue[0]
-            padded = (len(batch) + 1) * max(longest, candidate.tokens)
-            if batch and padded > self.max_batch_tokens:
-                break
-            queue.popleft()
-            batch.append(candidate)
-            longest = max(longest, candidate.tokens)
+        head = queue.popleft()
+        batch = [head]
+        longest = shortest = head.tokens
+        skipped = 0
+        while skipped < min(len(queue), LOOKAHEAD) and len(batch) < self.max_batch_size:
+            candidate = queue[skipped]
+            tokens = candidate.tokens
+            wider_longest, wider_shortest = max(longest, tokens), min(shortest, tokens)
+            fits = (len(batch) + 1) * wider_longest <= self.max_batch_tokens
+            if fits and wider_longest <= MAX_LENGTH_SPREAD * wider_shortest:
+                del queue[skipped]
+                batch.append(candidate)
+                longest, shortest = wider_longest, wider_shortest
+            elif not fits and tokens <= longest:
+                break  # the batch is full of tokens: nothing queued can join it
+            else:
+                skipped += 1
         return batch
 
     async def _batcher(self, slot: InstanceSlot) -> None:

@@ -192,11 +192,11 @@ def test_token_budget_bounds_tokens_in_flight():
         qm = QueueManager([("cpu", 100, [inst])], max_batch_size=8)
         await qm.start()
         qm.set_depth("cpu", 100, token_budget=10)
-        first = asyncio.create_task(qm.submit([np.arange(6), np.arange(3)]))
+        first = asyncio.create_task(qm.submit([np.arange(6), np.arange(4)]))
         await settle()
         with pytest.raises(Busy):
             await qm.submit([np.arange(2)])
-        assert qm.pools[0].tokens_in_flight == 9
+        assert qm.pools[0].tokens_in_flight == 10
         inst.complete()
         await first
         assert qm.pools[0].tokens_in_flight == 0
@@ -226,6 +226,27 @@ def test_batches_respect_size_and_padded_tokens():
         await asyncio.gather(*tasks)
         # FIFO up to 3 queries; a 40-token query cannot join a 10-token one (2 x 40 > 64 padded).
         assert sizes == [3, 1, 1, 1]
+        await qm.close()
+
+    asyncio.run(scenario())
+
+
+def test_batches_group_similar_lengths_oldest_first():
+    async def scenario():
+        inst = ControlledInstance("cpu0")
+        qm = QueueManager([("cpu", 100, [inst])], max_batch_size=8, max_batch_tokens=4096)
+        await qm.start()
+        lengths = [16, 256, 20, 240, 16, 200, 18]
+        tasks = [asyncio.create_task(qm.submit([np.full(n, i + 1)])) for i, n in enumerate(lengths)]
+        batches = []
+        while not all(task.done() for task in tasks):
+            await settle()
+            if inst.pending is not None:
+                batches.append([int(seq[0]) - 1 for seq in inst.batch])
+                inst.complete()
+        await asyncio.gather(*tasks)
+        # The oldest query leads each batch; companions within 1.5x of its length join it.
+        assert batches == [[0, 2, 4, 6], [1, 3, 5]]
         await qm.close()
 
     asyncio.run(scenario())
