@@ -36,7 +36,7 @@ class CalibrationOptions:
     fine_tune_steps: int = 8
     # Every method aims at T*(1 - headroom): at the exact boundary the measured tail sits on
     # the SLO and misses it about half the time by noise alone.
-    headroom: float = 0.05
+    headroom: float = 0.10
 
 
 def fit_profile(pool: str, samples: tuple[LevelSample, ...] | list[LevelSample]) -> LinearFit:

@@ -112,7 +112,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="profile the CPU layouts the topology allows and keep the deepest")
     parser.add_argument("--pools", type=_pool_list, metavar="POOL,...",
                         help=f"pools to calibrate, from {', '.join(POOL_CHOICES)} (default: all in the plan)")
-    parser.add_argument("--headroom", type=_fraction, default=0.05,
+    parser.add_argument("--headroom", type=_fraction, default=0.10,
                         help="aim every depth at SLO*(1 - HEADROOM), so that noise does not push the tail over")
     parser.add_argument("--request-timeout", type=_positive(float, "--request-timeout"),
                         help="seconds before a profiling request counts as failed "
