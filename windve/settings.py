@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 
@@ -85,12 +85,6 @@ class Settings(BaseSettings):
 
             return sorted(parse_cpulist(value))
         return value
-
-    @model_validator(mode="after")
-    def _explicit_plan_needs_plan(self) -> "Settings":
-        if self.cpu_layout == "explicit" and not self.plan:
-            raise ValueError("cpu_layout=explicit needs a `plan:` list in the config file")
-        return self
 
     @classmethod
     def settings_customise_sources(
