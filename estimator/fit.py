@@ -6,9 +6,12 @@ and beta >= 0. Both are fitted as non-negative coefficients of the columns [C, 1
 coefficient of a constant column instead); that is the exact least-squares solution under
 the constraint (non-negative least squares).
 
-Length-aware model (beyond the paper): `t = a*C*L + b*C + c` for C queries of L tokens,
-i.e. a cost per token in flight, a cost per query in flight and a constant. It turns the
-depth into a token budget so that admission can count tokens instead of queries.
+Length-aware model (beyond the paper): `t = C*(a*L + q*L^2 + b) + c` for C queries of L
+tokens: a cost per token in flight, an attention cost that grows with the square of the
+length (self-attention is quadratic; on MiniLM/CPU a 256-token query costs ~1.7x per token
+what a 32-token one does), a cost per query and a constant. It turns the depth into a token
+budget so that admission can count (charged) tokens instead of queries. The q term is only
+fitted when three or more lengths were profiled; with two it cannot be told from a and b.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ class LinearFit:
 
 @dataclass(frozen=True)
 class LengthFit:
-    """t = per_token*C*L + per_query*C + constant (seconds), fitted on lengths min..max."""
+    """t = C*(per_token*L + per_token_squared*L^2 + per_query) + constant (seconds), on lengths min..max."""
 
     per_token: float
     per_query: float
@@ -54,20 +57,39 @@ class LengthFit:
     points: int
     min_length: int
     max_length: int
+    per_token_squared: float = 0.0  # 0 in files written before the attention term existed
+
+    def query_cost(self, length: float) -> float:
+        """Seconds one more query of `length` tokens in flight adds to the tail."""
+        return self.per_token * length + self.per_token_squared * length * length + self.per_query
 
     def predict(self, concurrency: float, length: float) -> float:
-        return (self.per_token * length + self.per_query) * concurrency + self.constant
+        return self.query_cost(length) * concurrency + self.constant
 
     @property
     def per_query_tokens(self) -> int | None:
         """The per-query cost in tokens of per-token cost: what admission adds to each length."""
         return math.ceil(self.per_query / self.per_token) if self.per_token > 0 else None
 
+    @property
+    def squared_token_ratio(self) -> float | None:
+        """Tokens charged per squared token of length: the attention cost in per-token units."""
+        return self.per_token_squared / self.per_token if self.per_token > 0 else None
+
+    def charge(self, length: int) -> int:
+        """Token-equivalents a query of `length` is charged: L + ceil(q/a * L^2) + ceil(b/a).
+
+        Each part is rounded up, so per_token * charge >= query_cost: a budget in charged
+        tokens never admits more than the fit allows.
+        """
+        if self.per_token <= 0:
+            raise ValueError("latency does not grow with length in this fit: there is no token charge")
+        ratio = self.squared_token_ratio or 0.0
+        return length + math.ceil(ratio * length * length) + (self.per_query_tokens or 0)
+
     def at_length(self, length: int) -> LinearFit:
         """The query-count model this fit implies for queries of one length."""
-        return LinearFit(
-            alpha=self.per_token * length + self.per_query, beta=self.constant, r2=self.r2, points=self.points
-        )
+        return LinearFit(alpha=self.query_cost(length), beta=self.constant, r2=self.r2, points=self.points)
 
 
 @dataclass(frozen=True)
@@ -111,7 +133,10 @@ def fit_linear(concurrency: Sequence[float], latency: Sequence[float]) -> Linear
 def fit_length_aware(
     concurrency: Sequence[float], length: Sequence[float], latency: Sequence[float]
 ) -> LengthFit:
-    """Fit t = a*C*L + b*C + c with a, b, c >= 0; needs two or more lengths and three levels."""
+    """Fit t = C*(a*L + q*L^2 + b) + c with a, q, b, c >= 0 (q = 0 with fewer than three lengths).
+
+    Needs two or more lengths and three or more samples.
+    """
     c = _as_samples("concurrency", concurrency)
     n = _as_samples("length", length)
     t = _as_samples("latency", latency)
@@ -121,8 +146,9 @@ def fit_length_aware(
         raise ValueError("a length-aware fit needs three or more samples over two or more lengths")
     if np.any(c <= 0) or np.any(n <= 0) or np.any(t < 0):
         raise ValueError("concurrency and length must be positive and latency non-negative")
-    columns = np.column_stack([c * n, c, np.ones_like(c)])
-    (per_token, per_query, constant), r2 = _nonnegative_least_squares(columns, t)
+    attention = c * n * n if len(np.unique(n)) >= 3 else np.zeros_like(c)
+    columns = np.column_stack([c * n, attention, c, np.ones_like(c)])
+    (per_token, per_token_squared, per_query, constant), r2 = _nonnegative_least_squares(columns, t)
     return LengthFit(
         per_token=float(per_token),
         per_query=float(per_query),
@@ -131,6 +157,7 @@ def fit_length_aware(
         points=len(c),
         min_length=int(n.min()),
         max_length=int(n.max()),
+        per_token_squared=float(per_token_squared),
     )
 
 
@@ -195,9 +222,9 @@ def token_budget_for_slo(
 ) -> int | None:
     """Charged tokens in flight that keep the SLO for any mix of query lengths.
 
-    Admission charges each query its length plus `fit.per_query_tokens` (the per-query cost
-    expressed in tokens, rounded up). Then a*charged + c <= T implies
-    a*tokens + b*queries + c <= T for every mix, and it is tight: nothing is reserved for
+    Admission charges each query `fit.charge(length)`: its length plus its attention and
+    per-query costs expressed in tokens, rounded up. Then a*charged + c <= T implies
+    sum(query_cost) + c <= T for every mix, and it is tight: nothing is reserved for
     lengths that do not come. None when one query of the shortest profiled length already
     misses the SLO, or when latency does not grow with length (admit by query depth then).
     `headroom` as in decide_depth.
@@ -209,5 +236,5 @@ def token_budget_for_slo(
     budget = max(0.0, slo * (1 - headroom) - fit.constant) / fit.per_token
     if budget >= cap_tokens:
         return cap_tokens
-    one_query = fit.min_length + (fit.per_query_tokens or 0)  # it meets T, so admit at least it
+    one_query = fit.charge(fit.min_length)  # it meets T, so admit at least it
     return max(one_query, math.floor(budget * (1 + _REL_TOL)))

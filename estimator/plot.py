@@ -59,18 +59,21 @@ def _draw_pool(axes, name: str, pool: PoolCalibration, query_tokens: int) -> Non
 
 
 def _draw_lengths(axes, name: str, pool: PoolCalibration) -> None:
-    """Latency against charged tokens in flight, C*(L + q): every length falls on one line."""
+    """Latency against charged tokens in flight, C*charge(L): every length falls on one line."""
     fit = pool.length_fit
     assert fit is not None
-    overhead = fit.per_query_tokens or 0
     samples = list(pool.samples) + list(pool.length_samples)
-    right = max(s.concurrency * (s.tokens + overhead) for s in samples) * 1.1
+    if fit.per_token <= 0:
+        axes.set_title(f"{name}: latency does not grow with length")
+        axes.set_axis_off()
+        return
+    right = max(s.concurrency * fit.charge(s.tokens) for s in samples) * 1.1
     for index, length in enumerate(sorted({s.tokens for s in samples})):
         mine = [s for s in samples if s.tokens == length]
-        charged = [s.concurrency * (length + overhead) for s in mine]
+        charged = [s.concurrency * fit.charge(length) for s in mine]
         axes.scatter(charged, _finite([s.p95 for s in mine]), color=f"C{index}", label=f"L = {length}", zorder=3)
     line = np.linspace(0, right, 100)
-    label = f"fit {fit.per_token:.3g}·C·(L + {overhead}) + {fit.constant:.3g} (R²={fit.r2:.3f})"
+    label = f"fit {fit.per_token:.3g}·charged + {fit.constant:.3g} (R²={fit.r2:.3f})"
     axes.plot(line, fit.per_token * line + fit.constant, color="tab:green", label=label)
     for entry in pool.depths:
         axes.axhline(entry.slo, color="tab:red", linestyle="--", linewidth=1)
@@ -80,7 +83,8 @@ def _draw_lengths(axes, name: str, pool: PoolCalibration) -> None:
     measured = _finite([s.p95 for s in samples])
     top = max(max(entry.slo for entry in pool.depths) * 1.5, float(np.nanmax(measured)) * 1.1)
     axes.set_title(f"{name}: length-aware fit")
-    axes.set_xlabel(f"charged tokens in flight: C × (L + {overhead})")
+    ratio = fit.squared_token_ratio or 0.0
+    axes.set_xlabel(f"charged tokens in flight: C × (L + {ratio:.3g}·L² + {fit.per_query_tokens})")
     axes.set_ylabel("tail latency (s)")
     axes.set_xlim(0, right)
     axes.set_ylim(0, top)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from estimator.calibration import Calibration
+from estimator.fit import LengthFit
 from estimator.stress import FineTuneResult
 
 
@@ -85,9 +86,10 @@ def format_report(calibration: Calibration) -> str:
                 f"{entry.token_budget} tokens at {entry.slo:g} s" for entry in pool.depths if entry.token_budget
             )
             lines.append(
-                f"  {name} by length: t = {lf.per_token:.4g}*C*L + {lf.per_query:.4g}*C + {lf.constant:.4g}  "
+                f"  {name} by length: t = C*({lf.per_token:.4g}*L + {lf.per_token_squared:.4g}*L^2 + "
+                f"{lf.per_query:.4g}) + {lf.constant:.4g}  "
                 f"(R^2 = {lf.r2:.4f}, L = {lf.min_length}..{lf.max_length}, {pool.length_seconds:.1f} s); "
-                f"token budget: {budgets or 'none'} (charge each query its length + {lf.per_query_tokens} tokens)"
+                f"token budget: {budgets or 'none'} ({describe_charge(lf)})"
             )
         for entry in pool.depths:
             if entry.estimate is None or "capped" in entry.reason:
@@ -99,3 +101,14 @@ def format_report(calibration: Calibration) -> str:
         )
         lines.append(f"CPU layout: chose {calibration.cpu_layout.chosen or 'none'} (depth per layout: {trials})")
     return "\n".join(lines)
+
+
+def describe_charge(fit: LengthFit) -> str:
+    """How admission charges a query against the token budget, with an example length."""
+    if fit.per_token <= 0:
+        return "length does not matter: admit by query depth"
+    ratio = fit.squared_token_ratio or 0.0
+    return (
+        f"each query charged L + {ratio:.3g}*L^2 + {fit.per_query_tokens} tokens, "
+        f"e.g. {fit.charge(fit.max_length)} for L = {fit.max_length}"
+    )

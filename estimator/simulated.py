@@ -1,8 +1,8 @@
 """A simulated pool with a known service time, for testing and benchmarking the estimator.
 
 One server takes up to `max_batch_size` queued queries at once and is busy for
-`per_batch + per_query*n + per_token*tokens` seconds (tokens summed, or padded to the
-longest query when `padded`). It is a real asyncio object serving real concurrent
+`per_batch + per_query*n + per_token*tokens + per_squared_token*sum(L^2)` seconds (tokens
+summed, or padded to the longest query when `padded`; the last term is attention). It is a real asyncio object serving real concurrent
 requests; only the model is replaced by a known cost, so the algorithms' answers can be
 compared with the analytic optimum (`expected_latencies`, `optimum_depth`).
 """
@@ -27,10 +27,12 @@ class ServiceTime:
     per_token: float = 0.0
     max_batch_size: int = 32
     padded: bool = False
+    per_squared_token: float = 0.0
 
     def batch_seconds(self, lengths: Sequence[int]) -> float:
-        tokens = len(lengths) * max(lengths) if self.padded else sum(lengths)
-        return self.per_batch + self.per_query * len(lengths) + self.per_token * tokens
+        sized = [max(lengths)] * len(lengths) if self.padded else lengths
+        attention = self.per_squared_token * sum(length * length for length in sized)
+        return self.per_batch + self.per_query * len(lengths) + self.per_token * sum(sized) + attention
 
     def expected_latencies(self, lengths: Sequence[int]) -> list[float]:
         """Latency of each query of one closed-loop round (all queued at time 0, FIFO)."""

@@ -2,7 +2,9 @@
 
 Stress test (what the paper compares against): raise C by a fixed step until the tail
 passes the SLO; the depth is the last level that met it. Step 1 finds the true optimum,
-at a cost that grows with the square of the depth.
+at a cost that grows with the square of the depth. One noisy level near the boundary can
+stop a sweep early; for a reference optimum, sweep on past a few misses and read the depth
+off a monotone (isotonic) fit of all levels instead (`monotone_depth`).
 
 Fine-tuning: with every pool loaded together at its estimated depth (so that pools that
 share host cores, memory bandwidth or the service process slow each other as they will in
@@ -12,9 +14,13 @@ still meets, a bounded number of steps.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+
+import numpy as np
+from sklearn.isotonic import IsotonicRegression
 
 from estimator.rounds import LevelSample, MakeQuery, ProgressHook, Submit, measure_joint, measure_level, warm_up
 
@@ -58,6 +64,24 @@ def _last_meeting(samples: Sequence[LevelSample], slo: float) -> int:
     return depth
 
 
+def monotone_depth(samples: Sequence[LevelSample], slo: float) -> int:
+    """The largest level whose tail meets `slo` on the best non-decreasing fit of p95 over C.
+
+    Tail latency cannot fall as concurrency grows, so a level that misses below levels that
+    meet (or meets above levels that miss) is noise; the isotonic fit pools such levels with
+    their neighbours instead of letting one of them decide. A failed level counts as twice
+    the larger of the SLO and the worst finite tail. 0 when no level meets.
+    """
+    if not samples:
+        return 0
+    failed = 2 * max([slo] + [s.p95 for s in samples if math.isfinite(s.p95)])
+    levels = np.array([s.concurrency for s in samples], dtype=float)
+    tails = np.array([s.p95 if math.isfinite(s.p95) else failed for s in samples])
+    fitted = IsotonicRegression(increasing=True).fit_transform(levels, tails)
+    meeting = levels[fitted <= slo]
+    return int(meeting.max()) if meeting.size else 0
+
+
 async def stress_test(
     submit: Submit,
     make_query: MakeQuery,
@@ -71,15 +95,18 @@ async def stress_test(
     warmup_concurrency: int = 4,
     request_timeout: float | None = None,
     headroom: float = 0.0,
+    misses_to_stop: int = 1,
     pool: str = "pool",
     progress: ProgressHook | None = None,
 ) -> StressResult:
     """C = start, start+step, ... until p95 passes the largest SLO; one sweep serves all SLOs.
 
     A level meets an SLO T when its p95 <= T*(1 - headroom) (headroom 0: the plain baseline).
+    The sweep stops after `misses_to_stop` levels in a row miss (1: the paper's baseline);
+    `depths` is still the level before the first miss, so a longer sweep only adds samples.
     """
-    if step < 1 or rounds < 1 or not slos:
-        raise ValueError("step and rounds must be >= 1 and at least one SLO is needed")
+    if step < 1 or rounds < 1 or misses_to_stop < 1 or not slos:
+        raise ValueError("step, rounds and misses_to_stop must be >= 1 and at least one SLO is needed")
     started = time.perf_counter()
     await warm_up(submit, make_query, query_tokens, min(warmup_concurrency, max_concurrency), request_timeout)
     keep = 1 - headroom
@@ -87,6 +114,7 @@ async def stress_test(
     samples: list[LevelSample] = []
     concurrency = step if start is None else start
     reason = f"reached max concurrency {max_concurrency} within the SLO"
+    misses = 0
     while concurrency <= max_concurrency:
         sample = await measure_level(
             submit,
@@ -100,8 +128,11 @@ async def stress_test(
             progress=progress,
         )
         samples.append(sample)
-        if not sample.meets(loosest):
+        misses = 0 if sample.meets(loosest) else misses + 1
+        if misses >= misses_to_stop:
             reason = f"p95 {sample.p95:.3f} s > target {loosest:g} s at C={concurrency}"
+            if misses_to_stop > 1:
+                reason += f" ({misses} levels in a row missed)"
             break
         concurrency += step
     return StressResult(

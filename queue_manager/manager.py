@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Sequence
 import numpy as np
 
 from queue_manager import metrics
-from queue_manager.pool import InstanceSlot, Pool, Query, Request
+from queue_manager.pool import InstanceSlot, Pool, Query, Request, TokenCharge
 from queue_manager.protocol import Busy, Instance, QueryFailed, ShuttingDown
 
 log = logging.getLogger(__name__)
@@ -122,11 +122,16 @@ class QueueManager:
 
     @staticmethod
     def _fit_tokens(pool: Pool, sequences: Sequence[np.ndarray]) -> int:
+        """How many of `sequences` fit the pool's token budget, in order.
+
+        An idle pool takes one query whatever its charge: a query too long to meet the SLO
+        even alone would otherwise be refused forever, and serving it late beats that.
+        """
         budget = pool.token_budget - pool.tokens_in_flight
         taken = 0
         for seq in sequences:
-            budget -= len(seq) + pool.token_charge
-            if budget < 0:
+            budget -= pool.token_charge(len(seq))
+            if budget < 0 and (taken or pool.tokens_in_flight):
                 break
             taken += 1
         return taken
@@ -357,11 +362,12 @@ class QueueManager:
             return 1.0
         return float(max(1, math.ceil(backlog / rate)))
 
-    def set_depth(self, pool: str, depth: int, token_budget: int | None = None, token_charge: int = 0) -> None:
+    def set_depth(
+        self, pool: str, depth: int, token_budget: int | None = None, token_charge: TokenCharge = TokenCharge()
+    ) -> None:
         """Apply a new depth live (calibration update); admitted queries are unaffected.
 
-        With a token budget, a query is charged its length plus `token_charge` (the
-        per-query cost of the length-aware fit, in tokens).
+        With a token budget, each query is charged `token_charge(length)` tokens against it.
         """
         target = self._pool_named(pool)
         target.depth = int(depth)
@@ -384,6 +390,10 @@ class QueueManager:
                     "name": pool.name,
                     "depth": pool.depth,
                     "token_budget": pool.token_budget,
+                    "token_charge": {
+                        "per_query": pool.token_charge.per_query,
+                        "per_squared_token": pool.token_charge.per_squared_token,
+                    },
                     "in_flight": pool.in_flight,
                     "queued": sum(len(slot.queue) for slot in pool.instances),
                     "instances": [

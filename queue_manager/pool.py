@@ -7,6 +7,7 @@ safe without locks; that keeps dispatch at a few microseconds per query.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -14,6 +15,22 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from queue_manager.protocol import Instance
+
+
+@dataclass(frozen=True)
+class TokenCharge:
+    """What one query counts against a pool's token budget, in token-equivalents.
+
+    Its length, plus `per_query` tokens for the fixed cost of a query, plus
+    `per_squared_token * length^2` for attention, which grows with the square of the length
+    (both from the estimator's length-aware fit). The default charges the bare length.
+    """
+
+    per_query: int = 0
+    per_squared_token: float = 0.0
+
+    def __call__(self, tokens: int) -> int:
+        return tokens + self.per_query + math.ceil(self.per_squared_token * tokens * tokens)
 
 
 class Request:
@@ -53,7 +70,7 @@ class Query:
         self.index = index
         self.ids = ids
         self.tokens = len(ids)
-        self.charge = self.tokens + pool.token_charge  # fixed at admission: depths may change live
+        self.charge = pool.token_charge(self.tokens)  # fixed at admission: depths may change live
         self.pool = pool
         self.slot: InstanceSlot | None = None
         self.enqueued = 0.0
@@ -100,7 +117,7 @@ class Pool:
     depth: int
     instances: list[InstanceSlot] = field(default_factory=list)
     token_budget: int | None = None  # optional length-aware bound: tokens in flight
-    token_charge: int = 0  # tokens charged per query on top of its length
+    token_charge: TokenCharge = TokenCharge()
     in_flight: int = 0
     tokens_in_flight: int = 0
     metrics: object = None  # queue_manager.metrics.PoolMetrics, set by the manager

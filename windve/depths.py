@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from estimator import Calibration, decide_depth
+from queue_manager.pool import TokenCharge
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +27,7 @@ class DepthSource:
     depth: int
     source: str  # setting | calibration | warm-up probe
     token_budget: int | None = None
-    token_charge: int = 0  # tokens charged per query on top of its length (length-aware fit)
+    token_charge: TokenCharge = TokenCharge()  # what a query counts against the token budget
     detail: dict[str, Any] = field(default_factory=dict)
 
 
@@ -44,9 +45,10 @@ def depth_from_calibration(calibration: Calibration, pool: str, slo: float, orig
         depth, reason, token_budget = decision.depth, decision.reason, None
     if depth is None:
         log.warning("pool %s cannot meet the %.3g s SLO (%s): it takes no queries", pool, slo, reason)
-    charge = 0
-    if token_budget is not None and measured.length_fit is not None:
-        charge = measured.length_fit.per_query_tokens or 0
+    charge = TokenCharge()
+    length_fit = measured.length_fit
+    if token_budget is not None and length_fit is not None:
+        charge = TokenCharge(length_fit.per_query_tokens or 0, length_fit.squared_token_ratio or 0.0)
     return DepthSource(
         pool,
         depth or 0,

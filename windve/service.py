@@ -189,7 +189,6 @@ class Runtime:
                 pool
                 | {
                     "depth_source": source.source if source else None,
-                    "token_charge_per_query": source.token_charge if source else 0,
                     "fit": source.detail if source else None,
                 }
             )

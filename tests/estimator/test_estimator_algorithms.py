@@ -17,9 +17,9 @@ from estimator.fit import decide_depth
 from estimator.layouts import choose_layout
 from estimator.pipeline import fit_profile
 from estimator.profile import profile_pool
-from estimator.rounds import Progress, measure_level
+from estimator.rounds import LevelSample, Progress, measure_level
 from estimator.simulated import ServiceTime, SimulatedPool, constant_query
-from estimator.stress import fine_tune, stress_test
+from estimator.stress import fine_tune, monotone_depth, stress_test
 
 # ~2.1 ms per query in batches of 8: about 70 queries fit a 0.15 s SLO.
 SERVICE = ServiceTime(per_batch=0.001, per_query=0.002, max_batch_size=8)
@@ -144,6 +144,36 @@ def test_stress_test_with_step_one_finds_the_optimum() -> None:
 
     result = asyncio.run(_with_pool(SERVICE, body))
     assert close_to(result.depths[0], SERVICE.optimum_depth(slo, TOKENS))
+
+
+def test_stress_test_can_sweep_past_a_miss_and_keeps_the_first_miss_depth() -> None:
+    slo = 0.05
+
+    async def body(pool: SimulatedPool):
+        return await stress_test(pool.submit, constant_query, [slo], step=4, rounds=1, misses_to_stop=3)
+
+    result = asyncio.run(_with_pool(SERVICE, body))
+    met = [s.meets(slo) for s in result.samples]
+    assert met[-3:] == [False, False, False] and "3 levels in a row missed" in result.stop_reason
+    first_miss = met.index(False)
+    assert result.depths[0] == (result.samples[first_miss - 1].concurrency if first_miss else 0)
+
+
+def _levels(tails: list[float]) -> list[LevelSample]:
+    return [LevelSample(8 * (i + 1), 75, 3, p95, p95) for i, p95 in enumerate(tails)]
+
+
+def test_monotone_depth_outvotes_one_noisy_level_that_a_first_miss_sweep_stops_on() -> None:
+    samples = _levels([0.1, 0.2, 0.55, 0.3, 0.4, 0.45, 0.6, 0.7])  # 0.55 at C=24 is noise
+    assert monotone_depth(samples, 0.5) == 48
+    assert monotone_depth(samples, 0.05) == 0
+    assert monotone_depth(_levels([0.1, 0.2, 0.3]), 0.5) == 24
+
+
+def test_monotone_depth_counts_failed_levels_as_misses() -> None:
+    assert monotone_depth(_levels([0.1, 0.2, math.inf, math.inf]), 0.5) == 16
+    assert monotone_depth(_levels([math.inf]), 0.5) == 0
+    assert monotone_depth([], 0.5) == 0
 
 
 def test_fine_tune_moves_both_pools_to_their_optima() -> None:

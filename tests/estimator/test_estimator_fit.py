@@ -20,6 +20,7 @@ from estimator.fit import (
     fit_linear,
     token_budget_for_slo,
 )
+from queue_manager.pool import TokenCharge
 
 LEVELS = [1, 2, 4, 8, 16, 32, 64]
 
@@ -165,17 +166,28 @@ def test_depth_is_the_largest_concurrency_the_fit_lets_meet_the_slo(alpha: float
     assert alpha * (depth + 1) + beta > slo - tolerance
 
 
+def _length_rows(lengths: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    rows = [(c, n) for n in lengths for c in LEVELS]
+    return np.array([r[0] for r in rows], dtype=float), np.array([r[1] for r in rows], dtype=float)
+
+
 def test_length_aware_fit_recovers_its_coefficients() -> None:
-    rows = [(c, n) for n in (16, 75, 256) for c in LEVELS]
-    c = np.array([r[0] for r in rows], dtype=float)
-    n = np.array([r[1] for r in rows], dtype=float)
-    latency = 2e-5 * c * n + 1e-3 * c + 0.01
+    c, n = _length_rows((16, 75, 256))
+    latency = 2e-5 * c * n + 8e-8 * c * n * n + 1e-3 * c + 0.01
     fit = fit_length_aware(c, n, latency)
     assert fit.per_token == pytest.approx(2e-5, rel=1e-6)
+    assert fit.per_token_squared == pytest.approx(8e-8, rel=1e-6)
     assert fit.per_query == pytest.approx(1e-3, rel=1e-6)
     assert fit.constant == pytest.approx(0.01, rel=1e-6)
     assert (fit.min_length, fit.max_length) == (16, 256)
     assert fit.r2 == pytest.approx(1.0)
+
+
+def test_length_aware_fit_leaves_out_attention_with_two_lengths() -> None:
+    c, n = _length_rows((16, 256))  # with two lengths, L^2 is a mix of L and 1: not identifiable
+    fit = fit_length_aware(c, n, 2e-5 * c * n + 1e-3 * c + 0.01)
+    assert fit.per_token_squared == 0.0
+    assert (fit.per_token, fit.per_query) == (pytest.approx(2e-5, rel=1e-6), pytest.approx(1e-3, rel=1e-6))
 
 
 def test_length_aware_fit_needs_two_lengths() -> None:
@@ -183,26 +195,37 @@ def test_length_aware_fit_needs_two_lengths() -> None:
         fit_length_aware([1, 2, 4], [75, 75, 75], [0.1, 0.2, 0.3])
 
 
-def _length_fit(per_token: float = 2e-5, per_query: float = 1e-3, constant: float = 0.01) -> LengthFit:
-    return LengthFit(per_token, per_query, constant, r2=1.0, points=9, min_length=16, max_length=256)
+def _length_fit(
+    per_token: float = 2e-5, per_query: float = 1e-3, constant: float = 0.01, per_token_squared: float = 0.0
+) -> LengthFit:
+    return LengthFit(per_token, per_query, constant, r2=1.0, points=9, min_length=16, max_length=256,
+                     per_token_squared=per_token_squared)
 
 
-def test_token_budget_keeps_any_mix_of_lengths_within_the_slo() -> None:
-    fit = _length_fit()
+@pytest.mark.parametrize("per_token_squared", [0.0, 8e-8])
+def test_token_budget_keeps_any_mix_of_lengths_within_the_slo(per_token_squared: float) -> None:
+    fit = _length_fit(per_token_squared=per_token_squared)
     slo = 0.5
     budget = token_budget_for_slo(fit, slo)
-    overhead = fit.per_query_tokens
-    assert budget is not None and overhead == 50  # 1e-3 / 2e-5 tokens per query
+    assert budget is not None and fit.per_query_tokens == 50  # 1e-3 / 2e-5 tokens per query
     rng = np.random.default_rng(3)
     for _ in range(200):
         lengths = []
-        while True:  # admit queries, each charged its length + overhead, while the budget allows
-            length = int(rng.choice([4, 16, 40, 75, 128, 256]))
-            if sum(n + overhead for n in lengths) + length + overhead > budget:
+        while True:  # admit queries, each charged by the fit, while the budget allows
+            length = int(rng.choice([4, 16, 40, 75, 128, 256, 512]))
+            if sum(fit.charge(n) for n in lengths) + fit.charge(length) > budget:
                 break
             lengths.append(length)
-        predicted = fit.per_token * sum(lengths) + fit.per_query * len(lengths) + fit.constant
+        predicted = sum(fit.query_cost(n) for n in lengths) + fit.constant
         assert predicted <= slo + 1e-12
+
+
+def test_the_queue_manager_charges_what_the_budget_assumes() -> None:
+    fit = _length_fit(per_token_squared=8e-8)
+    charge = TokenCharge(fit.per_query_tokens or 0, fit.squared_token_ratio or 0.0)
+    for length in range(1, 600):
+        assert charge(length) == fit.charge(length)
+        assert fit.per_token * charge(length) >= fit.query_cost(length) * (1 - 1e-12)
 
 
 def test_token_budget_admits_as_many_queries_of_one_length_as_the_query_depth() -> None:

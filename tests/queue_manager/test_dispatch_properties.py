@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from queue_manager.manager import QueueManager
+from queue_manager.pool import TokenCharge
 from queue_manager.protocol import Busy, InstanceFailed, QueryFailed
 
 DIM = 4
@@ -200,6 +201,41 @@ def test_token_budget_bounds_tokens_in_flight():
         inst.complete()
         await first
         assert qm.pools[0].tokens_in_flight == 0
+        await qm.close()
+
+    asyncio.run(scenario())
+
+
+def test_token_budget_charges_overhead_and_attention_per_query():
+    charge = TokenCharge(per_query=2, per_squared_token=0.05)
+    assert (charge(20), charge(4)) == (20 + 2 + 20, 4 + 2 + 1)  # ceil(0.05 * 16) = 1
+
+    async def scenario():
+        inst = ControlledInstance("cpu0")
+        qm = QueueManager([("cpu", 100, [inst])], max_batch_size=8)
+        await qm.start()
+        qm.set_depth("cpu", 100, token_budget=100, token_charge=charge)
+        first = asyncio.create_task(qm.submit([np.arange(20), np.arange(20)]))  # 84 of 100
+        await settle()
+        with pytest.raises(Busy):
+            await qm.submit([np.arange(20)])  # 42 more would pass the budget
+        short = asyncio.create_task(qm.submit([np.arange(4)]))  # 7 more still fits
+        await settle()
+        assert qm.pools[0].tokens_in_flight == 91
+        for _ in range(3):  # at most one batch per query
+            if inst.pending is not None:
+                inst.complete()
+            await settle()
+        assert first.done() and short.done()
+        assert qm.pools[0].tokens_in_flight == 0
+        # Idle, the pool takes one query even when its charge alone passes the budget.
+        alone = asyncio.create_task(qm.submit([np.arange(60)]))  # 60 + 2 + 180 = 242
+        await settle()
+        assert qm.pools[0].tokens_in_flight == 242
+        with pytest.raises(Busy):
+            await qm.submit([np.arange(1)])
+        inst.complete()
+        await alone
         await qm.close()
 
     asyncio.run(scenario())

@@ -8,11 +8,16 @@ import time
 from dataclasses import replace
 
 import httpx
+import pytest
 
 from estimator.calibration import Calibration, ModelIdentity, PoolCalibration, SloDepth, save_calibration, to_dict
-from estimator.fit import LinearFit
+from estimator.fit import LengthFit, LinearFit
 from estimator.rounds import LevelSample
 from tests.servers import start_server
+
+
+# t = C*(1e-4*L + 2e-7*L^2 + 1e-3) + 0.05: each query is charged L + 0.002*L^2 + 10 tokens.
+LENGTH_FIT = LengthFit(1e-4, 1e-3, 0.05, r2=0.99, points=9, min_length=16, max_length=256, per_token_squared=2e-7)
 
 
 def calibration(revision: str, fingerprint: str, depth: int, created: str) -> Calibration:
@@ -21,7 +26,8 @@ def calibration(revision: str, fingerprint: str, depth: int, created: str) -> Ca
         samples=tuple(LevelSample(c, 75, 3, 0.05 + 0.01 * c, 0.06 + 0.01 * c, 0, None) for c in (1, 2, 4, 8)),
         fit=fit,
         profile_seconds=1.0,
-        depths=(SloDepth(1.0, depth, "floor((T - beta) / alpha)"),),
+        depths=(SloDepth(1.0, depth, "floor((T - beta) / alpha)", token_budget=9500),),
+        length_fit=LENGTH_FIT,
     )
     return Calibration(
         model=ModelIdentity("sentence-transformers/all-MiniLM-L6-v2", revision),
@@ -46,6 +52,10 @@ def test_serve_uses_the_calibration_file_and_warns_on_another_machine(tmp_path, 
         assert pool["depth"] == 77
         assert pool["depth_source"] == f"calibration ({path})"
         assert pool["fit"]["alpha"] == 0.01 and pool["fit"]["beta"] == 0.05
+        assert pool["token_budget"] == 9500
+        assert pool["token_charge"] == {"per_query": 10, "per_squared_token": pytest.approx(0.002)}
+        text = "word " * 400  # truncated to the model's 256 tokens: charged 256 + 132 + 10
+        assert httpx.post(server.url + "/embed", json={"inputs": [text] * 3}).status_code == 200
         assert "another-machine" in server.log() and "re-run `windve calibrate`" in server.log()
     finally:
         server.stop()
