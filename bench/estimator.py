@@ -11,7 +11,9 @@ All three aim at the SLO itself (no headroom): this compares the methods, not th
 Section `mixed`: `windve calibrate`'s pipeline with a length sweep (16, 75, 256 tokens and
 the default headroom) gives a query depth at 75 tokens and a token budget. Closed-loop
 rounds of mixed lengths are then admitted by each: which keeps the SLO? Two mixes: the
-three profiled lengths, and lengths drawn uniformly from 8..256 (not profiled).
+three profiled lengths, and lengths drawn uniformly from 8..256 (not profiled). With
+`--runtime`, each round offers twice the query depth to the service's own queue manager,
+limited by one policy at a time; what does not fit is refused with BUSY, as in service.
 
 By default the pools are simulated (a real asyncio server with a known service time, so the
 analytic optimum is printed too); `--runtime` profiles the real service pools in-process.
@@ -40,9 +42,11 @@ sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != Pa
 from estimator.fit import LengthFit, decide_depth
 from estimator.pipeline import CalibrationOptions, calibrate_pools, fit_profile
 from estimator.profile import profile_pool
-from estimator.rounds import MakeQuery, Submit, run_round, tail
+from estimator.rounds import MakeQuery, Submit, tail
 from estimator.simulated import ServiceTime, SimulatedPool, constant_query
 from estimator.stress import monotone_depth, stress_test
+from queue_manager.pool import TokenCharge
+from queue_manager.protocol import Busy
 
 TOKENS = 75
 PROFILED_LENGTHS = (16, 75, 256)
@@ -61,12 +65,18 @@ SIMULATED = {
 }
 
 
+Limit = Callable[[int, "int | None", TokenCharge], None]
+
+
 @dataclass
 class Pool:
     name: str
-    submit: Submit
+    submit: Submit  # straight to the pool, depth not enforced (profiling)
     make_query: MakeQuery
     service: ServiceTime | None = None  # known for simulated pools
+    # The service's own admission (queue manager): submit through it, and set its limits.
+    admit: Submit | None = None
+    limit: Limit | None = None
 
 
 @dataclass
@@ -135,34 +145,60 @@ async def mixed_lengths(pool: Pool, slo: float, rounds: int, max_concurrency: in
           f"t = C*({fit.per_token:.3g}*L + {fit.per_token_squared:.3g}*L^2 + {fit.per_query:.3g}) + {fit.constant:.3g} "
           f"(R^2 {fit.r2:.4f}); query depth at {TOKENS} tokens = {depth}; token budget = {budget} "
           f"(a query of L tokens is charged L + ceil({fit.squared_token_ratio or 0:.3g}*L^2) + {fit.per_query_tokens})")
-    print(f"{'mix':<16}{'admission':<20}{'queries/round':>15}{'p95 (s)':>10}{'max (s)':>10}{'rounds within SLO':>19}")
+    print(f"{'mix':<16}{'admission':<20}{'admitted/round':>15}{'refused/round':>14}{'p95 (s)':>10}{'max (s)':>10}"
+          f"{'rounds within SLO':>19}")
+    charge = TokenCharge(fit.per_query_tokens or 0, fit.squared_token_ratio or 0.0)
     for mix_name, draw in MIXES.items():
+        if pool.admit is not None and pool.limit is not None:
+            # Through the service's queue manager: offer more than either policy admits at once;
+            # what does not fit gets BUSY at once, as in service.
+            offered = 2 * depth
+            checks = {
+                f"fixed depth {depth}": lambda limit=pool.limit: limit(depth, None, TokenCharge()),
+                f"token budget {budget}": lambda limit=pool.limit: limit(10 * offered, budget, charge),
+            }
+            for label, apply in checks.items():
+                apply()
+                compose = lambda rng: [draw(rng) for _ in range(offered)]  # noqa: E731
+                await _check_policy(pool, pool.admit, slo, mix_name, label, compose, max(10, rounds * 3), seed)
+            continue
         policies: dict[str, Callable[[random.Random], list[int]]] = {
             f"fixed depth {depth}": lambda rng: [draw(rng) for _ in range(depth)],
             f"token budget {budget}": lambda rng: _fill_budget(rng, draw, budget, fit),
         }
         for label, compose in policies.items():
-            await _check_policy(pool, slo, mix_name, label, compose, max(10, rounds * 3), seed)
+            await _check_policy(pool, pool.submit, slo, mix_name, label, compose, max(10, rounds * 3), seed)
 
 
 async def _check_policy(
-    pool: Pool, slo: float, mix: str, label: str, compose: Callable[[random.Random], list[int]], rounds: int,
-    seed: int,
+    pool: Pool, submit: Submit, slo: float, mix: str, label: str, compose: Callable[[random.Random], list[int]],
+    rounds: int, seed: int,
 ) -> None:
     if not compose(random.Random(seed)):
         print(f"{mix:<16}{label:<20}{'admits nothing (unusable at this SLO)':>54}")
         return
     rng = random.Random(seed)
     latencies: list[float] = []
-    met = 0
+    met = refused = 0
     for _ in range(rounds):
-        lengths = compose(rng)
-        outcomes = await run_round([(pool.submit, [pool.make_query(n)]) for n in lengths])
-        round_latencies = [latency for latency, _ in outcomes]
-        latencies.extend(round_latencies)
-        met += tail(round_latencies)[0] <= slo
+        outcomes = await asyncio.gather(*(_timed(submit, pool.make_query(n)) for n in compose(rng)))
+        answered = [latency for latency in outcomes if latency is not None]
+        refused += len(outcomes) - len(answered)
+        latencies.extend(answered)
+        met += bool(answered) and tail(answered)[0] <= slo
     p95, worst = tail(latencies)
-    print(f"{mix:<16}{label:<20}{len(latencies) / rounds:>15.1f}{p95:>10.3f}{worst:>10.3f}{f'{met}/{rounds}':>19}")
+    print(f"{mix:<16}{label:<20}{len(latencies) / rounds:>15.1f}{refused / rounds:>14.1f}{p95:>10.3f}{worst:>10.3f}"
+          f"{f'{met}/{rounds}':>19}")
+
+
+async def _timed(submit: Submit, query) -> float | None:
+    """Seconds until answered, or None when refused with BUSY."""
+    started = time.perf_counter()
+    try:
+        await submit([query])
+    except Busy:
+        return None
+    return time.perf_counter() - started
 
 
 def _fill_budget(rng: random.Random, draw: Callable[[random.Random], int], budget: int, fit: LengthFit) -> list[int]:
@@ -194,7 +230,15 @@ async def with_runtime(body: Callable[[list[Pool]], Awaitable[None]], pools: lis
     runtime = await Runtime.start(load_settings())
     try:
         names = pools or runtime.pool_names
-        await body([Pool(name, runtime.pool_submitter(name), runtime.make_query) for name in names])
+        qm = runtime.queue_manager
+
+        def limiter(name: str) -> Limit:
+            return lambda depth, budget, charge: qm.set_depth(name, depth, budget, charge)
+
+        await body([
+            Pool(name, runtime.pool_submitter(name), runtime.make_query, admit=qm.submit, limit=limiter(name))
+            for name in names
+        ])
     finally:
         await runtime.close()
 

@@ -124,10 +124,12 @@ class QueueManager:
     def _fit_tokens(pool: Pool, sequences: Sequence[np.ndarray]) -> int:
         """How many of `sequences` fit the pool's token budget, in order.
 
-        An idle pool takes one query whatever its charge: a query too long to meet the SLO
-        even alone would otherwise be refused forever, and serving it late beats that.
+        The budget shrinks by the pool's recent padding (`Pool.padding`): charges count each
+        query's own length, but a batch costs its longest query's for every member. An idle
+        pool takes one query whatever its charge: a query too long to meet the SLO even
+        alone would otherwise be refused forever, and serving it late beats that.
         """
-        budget = pool.token_budget - pool.tokens_in_flight
+        budget = pool.token_budget / pool.padding - pool.tokens_in_flight
         taken = 0
         for seq in sequences:
             budget -= pool.token_charge(len(seq))
@@ -265,6 +267,8 @@ class QueueManager:
                 continue
             batch = self._take_batch(slot)
             slot.in_batch = len(batch)
+            if slot.pool.token_budget is not None:
+                slot.pool.note_padding(batch)
             started = time.perf_counter()
             for query in batch:
                 pool_metrics.queue_time.observe(started - query.enqueued)
@@ -390,6 +394,7 @@ class QueueManager:
                     "name": pool.name,
                     "depth": pool.depth,
                     "token_budget": pool.token_budget,
+                    "padding": round(pool.padding, 4),
                     "token_charge": {
                         "per_query": pool.token_charge.per_query,
                         "per_squared_token": pool.token_charge.per_squared_token,

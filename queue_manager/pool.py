@@ -17,6 +17,9 @@ import numpy as np
 from queue_manager.protocol import Instance
 
 
+PADDING_DECAY = 0.95  # per batch: the padding ratio remembers the last few dozen batches
+
+
 @dataclass(frozen=True)
 class TokenCharge:
     """What one query counts against a pool's token budget, in token-equivalents.
@@ -121,6 +124,20 @@ class Pool:
     in_flight: int = 0
     tokens_in_flight: int = 0
     metrics: object = None  # queue_manager.metrics.PoolMetrics, set by the manager
+    # Recent batches' charge when padded to their longest query over their charge by own
+    # length (decayed sums, so that the ratio follows the traffic's length mix).
+    padded_charge: float = 0.0
+    own_charge: float = 0.0
+
+    @property
+    def padding(self) -> float:
+        """How much more the recent batches cost than their queries' charges: >= 1."""
+        return self.padded_charge / self.own_charge if self.own_charge > 0 else 1.0
+
+    def note_padding(self, batch: list[Query]) -> None:
+        longest = max(query.tokens for query in batch)
+        self.padded_charge = PADDING_DECAY * self.padded_charge + len(batch) * self.token_charge(longest)
+        self.own_charge = PADDING_DECAY * self.own_charge + sum(query.charge for query in batch)
 
     def room(self) -> int:
         return max(0, self.depth - self.in_flight)

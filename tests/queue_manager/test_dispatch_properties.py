@@ -241,6 +241,33 @@ def test_token_budget_charges_overhead_and_attention_per_query():
     asyncio.run(scenario())
 
 
+def test_token_budget_shrinks_by_the_padding_of_recent_batches():
+    async def scenario():
+        inst = ControlledInstance("cpu0")
+        qm = QueueManager([("cpu", 100, [inst])], max_batch_size=8)
+        await qm.start()
+        qm.set_depth("cpu", 100, token_budget=1000)
+        pool = qm.pools[0]
+        assert pool.padding == 1.0
+        first = asyncio.create_task(qm.submit([np.arange(10), np.arange(14)]))  # one batch, padded to 14
+        await settle()
+        assert inst.pending is not None and pool.padding == pytest.approx(28 / 24)
+        # 1000 / (28/24) = 857 tokens: 24 in flight + 833 fit, one more token does not
+        # (it would without the padding: 24 + 833 + 1 <= 1000).
+        second = asyncio.create_task(qm.submit([np.arange(833)]))
+        await settle()
+        with pytest.raises(Busy):
+            await qm.submit([np.arange(1)])
+        assert qm.snapshot()["pools"][0]["padding"] == pytest.approx(28 / 24, abs=1e-4)
+        for _ in range(2):
+            inst.complete()
+            await settle()
+        await asyncio.gather(first, second)
+        await qm.close()
+
+    asyncio.run(scenario())
+
+
 def test_batches_respect_size_and_padded_tokens():
     async def scenario():
         inst = ControlledInstance("cpu0")
