@@ -42,11 +42,13 @@ sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != Pa
 from estimator.fit import LengthFit, decide_depth
 from estimator.pipeline import CalibrationOptions, calibrate_pools, fit_profile
 from estimator.profile import profile_pool
+from estimator.report import describe_charge
 from estimator.rounds import MakeQuery, Submit, tail
 from estimator.simulated import ServiceTime, SimulatedPool, constant_query
 from estimator.stress import monotone_depth, stress_test
 from queue_manager.pool import TokenCharge
 from queue_manager.protocol import Busy
+from windve.depths import token_charge_for
 
 TOKENS = 75
 PROFILED_LENGTHS = (16, 75, 256)
@@ -144,23 +146,24 @@ async def mixed_lengths(pool: Pool, slo: float, rounds: int, max_concurrency: in
     print(f"\n[{pool.name}] SLO {slo:g} s, headroom {options.headroom:.0%}; length fit "
           f"t = C*({fit.per_token:.3g}*L + {fit.per_token_squared:.3g}*L^2 + {fit.per_query:.3g}) + {fit.constant:.3g} "
           f"(R^2 {fit.r2:.4f}); query depth at {TOKENS} tokens = {depth}; token budget = {budget} "
-          f"(a query of L tokens is charged L + ceil({fit.squared_token_ratio or 0:.3g}*L^2) + {fit.per_query_tokens})")
+          f"({describe_charge(fit)})")
     print(f"{'mix':<16}{'admission':<20}{'admitted/round':>15}{'refused/round':>14}{'p95 (s)':>10}{'max (s)':>10}"
           f"{'rounds within SLO':>19}")
-    charge = TokenCharge(fit.per_query_tokens or 0, fit.squared_token_ratio or 0.0)
     for mix_name, draw in MIXES.items():
         if pool.admit is not None and pool.limit is not None:
             # Through the service's queue manager: offer more than either policy admits at once;
             # what does not fit gets BUSY at once, as in service.
             offered = 2 * depth
-            checks = {
-                f"fixed depth {depth}": lambda limit=pool.limit: limit(depth, None, TokenCharge()),
-                f"token budget {budget}": lambda limit=pool.limit: limit(10 * offered, budget, charge),
+            limits = {
+                f"fixed depth {depth}": (depth, None, TokenCharge()),
+                f"token budget {budget}": (10 * offered, budget, token_charge_for(fit)),
             }
-            for label, apply in checks.items():
-                apply()
-                compose = lambda rng: [draw(rng) for _ in range(offered)]  # noqa: E731
-                await _check_policy(pool, pool.admit, slo, mix_name, label, compose, max(10, rounds * 3), seed)
+            for label, (query_depth, token_budget, charge) in limits.items():
+                pool.limit(query_depth, token_budget, charge)
+                await _check_policy(
+                    pool, pool.admit, slo, mix_name, label, lambda rng: [draw(rng) for _ in range(offered)],
+                    max(10, rounds * 3), seed,
+                )
             continue
         policies: dict[str, Callable[[random.Random], list[int]]] = {
             f"fixed depth {depth}": lambda rng: [draw(rng) for _ in range(depth)],

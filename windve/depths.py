@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from estimator import Calibration, decide_depth
+from estimator import Calibration, LengthFit, decide_depth
 from queue_manager.pool import TokenCharge
 
 log = logging.getLogger(__name__)
@@ -31,6 +31,11 @@ class DepthSource:
     detail: dict[str, Any] = field(default_factory=dict)
 
 
+def token_charge_for(fit: LengthFit) -> TokenCharge:
+    """The queue manager's charge rule for a length-aware fit: the same as `fit.charge`."""
+    return TokenCharge(fit.per_query_tokens or 0, fit.squared_token_ratio or 0.0)
+
+
 def depth_from_calibration(calibration: Calibration, pool: str, slo: float, origin: str) -> DepthSource | None:
     """The calibrated depth at `slo`; derived from the fit when that SLO was not profiled."""
     measured = calibration.pools.get(pool)
@@ -46,9 +51,8 @@ def depth_from_calibration(calibration: Calibration, pool: str, slo: float, orig
     if depth is None:
         log.warning("pool %s cannot meet the %.3g s SLO (%s): it takes no queries", pool, slo, reason)
     charge = TokenCharge()
-    length_fit = measured.length_fit
-    if token_budget is not None and length_fit is not None:
-        charge = TokenCharge(length_fit.per_query_tokens or 0, length_fit.squared_token_ratio or 0.0)
+    if token_budget is not None and measured.length_fit is not None:
+        charge = token_charge_for(measured.length_fit)
     return DepthSource(
         pool,
         depth or 0,

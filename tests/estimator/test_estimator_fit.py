@@ -20,7 +20,7 @@ from estimator.fit import (
     fit_linear,
     token_budget_for_slo,
 )
-from queue_manager.pool import TokenCharge
+from windve.depths import token_charge_for
 
 LEVELS = [1, 2, 4, 8, 16, 32, 64]
 
@@ -222,7 +222,7 @@ def test_token_budget_keeps_any_mix_of_lengths_within_the_slo(per_token_squared:
 
 def test_the_queue_manager_charges_what_the_budget_assumes() -> None:
     fit = _length_fit(per_token_squared=8e-8)
-    charge = TokenCharge(fit.per_query_tokens or 0, fit.squared_token_ratio or 0.0)
+    charge = token_charge_for(fit)
     for length in range(1, 600):
         assert charge(length) == fit.charge(length)
         assert fit.per_token * charge(length) >= fit.query_cost(length) * (1 - 1e-12)
