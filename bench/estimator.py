@@ -43,7 +43,7 @@ from estimator.fit import LengthFit, decide_depth
 from estimator.pipeline import CalibrationOptions, calibrate_pools, fit_profile
 from estimator.profile import profile_pool
 from estimator.report import describe_charge
-from estimator.rounds import MakeQuery, Submit, tail
+from estimator.rounds import MakeQuery, Submit, measure_level, tail
 from estimator.simulated import ServiceTime, SimulatedPool, constant_query
 from estimator.stress import monotone_depth, stress_test
 from queue_manager.pool import TokenCharge
@@ -97,18 +97,35 @@ async def compare_methods(
     )
     estimate = decide_depth(fit_profile(pool.name, profile.samples), slo, cap=max_concurrency).depth
     results = [MethodResult("estimate (profile + fit)", estimate, time.perf_counter() - started)]
+    # The machine's speed after each method, against the profile's: the same level measured
+    # again (not counted in any method's time). A shared machine changes speed for seconds
+    # to minutes at a time, and each method sees its own share of that.
+    reference = max((s for s in profile.samples if s.meets(slo)), key=lambda s: s.concurrency, default=None)
+    speeds: list[str] = []
+
+    async def note_speed(after: str) -> None:
+        if reference is not None:
+            again = await measure_level(pool.submit, pool.make_query, reference.concurrency, TOKENS, rounds)
+            speeds.append(f"{after} {again.p95 / reference.p95:.2f}x")
+
+    await note_speed("after the estimate")
     stress = await stress_test(
         pool.submit, pool.make_query, [slo], step=step, query_tokens=TOKENS, rounds=rounds,
         max_concurrency=max_concurrency,
     )
     results.append(MethodResult(f"stress test (step {step})", stress.depths[0], stress.seconds))
+    await note_speed(f"after step {step}")
     sweep = await stress_test(
         pool.submit, pool.make_query, [slo], step=1, query_tokens=TOKENS, rounds=rounds,
         max_concurrency=max_concurrency, misses_to_stop=misses,
     )
     results.append(MethodResult("optimum (step 1, isotonic)", monotone_depth(sweep.samples, slo), sweep.seconds))
+    await note_speed("after step 1")
     print(f"[{pool.name}] step-1 sweep: first miss after C={sweep.depths[0]}, "
           f"{len(sweep.samples)} levels, stopped: {sweep.stop_reason}")
+    if reference is not None:
+        print(f"[{pool.name}] p95 of the profile's C={reference.concurrency} level ({reference.p95:.3f} s in the "
+              f"profile) measured again: {', '.join(speeds)}")
     return results
 
 

@@ -151,6 +151,25 @@ async def measure_level(
     return samples[pool]
 
 
+async def measure_interleaved(
+    submit: Submit,
+    make_query: MakeQuery,
+    levels: Sequence[int],
+    tokens: int,
+    rounds: int,
+    *,
+    timeout: float | None = None,
+) -> dict[int, LevelSample]:
+    """`rounds` rounds at each level, taken in turn (a, b, a, b, ...), so that every level
+    meets the same machine state: comparing levels measured one after the other on a
+    shared machine also compares its slow and fast minutes."""
+    outcomes: dict[int, list[tuple[float, str | None]]] = {level: [] for level in levels}
+    for _ in range(rounds):
+        for level in outcomes:
+            outcomes[level] += await run_round([(submit, [make_query(tokens)]) for _ in range(level)], timeout)
+    return {level: summarize(level, tokens, rounds, results) for level, results in outcomes.items()}
+
+
 async def warm_up(
     submit: Submit, make_query: MakeQuery, tokens: int, concurrency: int, timeout: float | None = None
 ) -> None:

@@ -17,7 +17,7 @@ from estimator.fit import decide_depth
 from estimator.layouts import choose_layout
 from estimator.pipeline import fit_profile
 from estimator.profile import profile_pool
-from estimator.rounds import LevelSample, Progress, measure_level
+from estimator.rounds import LevelSample, Progress, measure_interleaved, measure_level
 from estimator.simulated import ServiceTime, SimulatedPool, constant_query
 from estimator.stress import fine_tune, monotone_depth, stress_test
 
@@ -47,6 +47,33 @@ def test_simulated_pool_serves_with_its_known_latency() -> None:
     sample = asyncio.run(_with_pool(SERVICE, body))
     assert sample.p95 == pytest.approx(SERVICE.expected_p95(20, TOKENS), rel=0.1)
     assert sample.failures == 0
+
+
+def test_interleaved_levels_take_their_rounds_in_turn_and_each_keeps_its_own_tail() -> None:
+    rounds_started: list[int] = []
+
+    async def body(pool: SimulatedPool):
+        in_flight = 0
+
+        async def counting_submit(sequences):
+            nonlocal in_flight
+            if in_flight == 0:  # the first request of a round
+                rounds_started.append(0)
+            rounds_started[-1] += 1
+            in_flight += 1
+            try:
+                await pool.submit(sequences)
+            finally:
+                in_flight -= 1
+
+        return await measure_interleaved(counting_submit, constant_query, [20, 5], TOKENS, 3)
+
+    samples = asyncio.run(_with_pool(SERVICE, body))
+    assert rounds_started == [20, 5] * 3
+    assert [samples[level].rounds for level in (20, 5)] == [3, 3]
+    for level in (20, 5):
+        assert samples[level].p95 == pytest.approx(SERVICE.expected_p95(level, TOKENS), rel=0.1)
+        assert samples[level].concurrency == level and samples[level].failures == 0
 
 
 def test_profile_estimate_is_close_to_the_analytic_optimum() -> None:

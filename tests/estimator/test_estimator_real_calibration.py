@@ -3,6 +3,12 @@
 The estimate (with the default headroom, as `windve calibrate` computes it) must hold in a
 closed-loop run: at the estimated depth the tail meets the SLO, at 1.5x the depth it does
 not. A short SLO keeps the run quick.
+
+This machine runs in two states, the slow one ~25% slower, for seconds at a time (the
+README's calibration section has the figures). A check in another state than its profile
+tests the machine, not the estimator. So the checks interleave their rounds with a level
+the profile measured (the reference) and count only when the reference took what it took
+in the profile; otherwise the attempt is repeated, a bounded number of times.
 """
 
 from __future__ import annotations
@@ -19,12 +25,15 @@ from estimator.calibration import load_calibration
 from estimator.fit import decide_depth
 from estimator.pipeline import CalibrationOptions, fit_profile
 from estimator.profile import profile_pool
-from estimator.rounds import measure_level
+from estimator.rounds import measure_interleaved
 from tests.estimator.cli_runner import run_cli
 
 
 SLO = 0.4
 TOKENS = 75
+CHECK_ROUNDS = 6
+SAME_STATE = 0.10  # the reference's p95 within 10% of the profile's: the same machine state
+ATTEMPTS = 6  # ~45% of attempts here met another state; six all do so well under 1% of the time
 
 
 @pytest.fixture(scope="module")
@@ -46,19 +55,28 @@ def test_estimated_depth_meets_the_slo_and_one_and_a_half_times_it_does_not(cpu_
     runtime, loop = cpu_runtime
     assert "cpu" in runtime.pool_names
     submit = runtime.pool_submitter("cpu")
-    profile = loop.run_until_complete(
-        profile_pool(submit, runtime.make_query, SLO, query_tokens=TOKENS, rounds=3, max_concurrency=256, pool="cpu")
-    )
-    fit = fit_profile("cpu", profile.samples)
-    assert fit.r2 > 0.9, profile.samples
-    depth = decide_depth(fit, SLO, cap=256, headroom=CalibrationOptions().headroom).depth  # the product default
-    assert depth is not None and depth >= 2, (fit, profile.samples)
-
-    at_depth = loop.run_until_complete(measure_level(submit, runtime.make_query, depth, TOKENS, 5))
-    beyond = loop.run_until_complete(measure_level(submit, runtime.make_query, math.ceil(1.5 * depth), TOKENS, 5))
-    assert at_depth.p95 <= SLO, (depth, at_depth, fit)
-    assert beyond.p95 > SLO, (depth, beyond, fit)
-    assert at_depth.failures == beyond.failures == 0
+    attempts = []
+    for _ in range(ATTEMPTS):
+        profile = loop.run_until_complete(
+            profile_pool(submit, runtime.make_query, SLO, query_tokens=TOKENS, rounds=3, max_concurrency=256, pool="cpu")
+        )
+        fit = fit_profile("cpu", profile.samples)
+        assert fit.r2 > 0.9, profile.samples
+        depth = decide_depth(fit, SLO, cap=256, headroom=CalibrationOptions().headroom).depth  # the product default
+        assert depth is not None and depth >= 2, (fit, profile.samples)
+        reference = max((s for s in profile.samples if s.meets(SLO)), key=lambda s: s.concurrency)
+        beyond = math.ceil(1.5 * depth)
+        levels = list(dict.fromkeys([depth, beyond, reference.concurrency]))
+        checks = loop.run_until_complete(measure_interleaved(submit, runtime.make_query, levels, TOKENS, CHECK_ROUNDS))
+        speed = checks[reference.concurrency].p95 / reference.p95
+        attempts.append((round(speed, 3), depth, checks[depth].p95, checks[beyond].p95, fit))
+        if abs(speed - 1) <= SAME_STATE:
+            break
+    else:
+        pytest.fail(f"the machine changed speed between every profile and its checks: {attempts}")
+    assert checks[depth].p95 <= SLO, attempts
+    assert checks[beyond].p95 > SLO, attempts
+    assert all(sample.failures == 0 for sample in checks.values())
 
 
 def test_calibrate_command_in_process_writes_json_and_png(tmp_path: Path, capsys) -> None:
