@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from estimator.calibration import Calibration, ModelIdentity, PoolCalibration, SloDepth
-from estimator.fit import LengthFit, LinearFit, decide_depth, fit_length_aware, fit_linear, token_budget_for_slo
+from estimator.fit import DEFAULT_HEADROOM, LengthFit, LinearFit, decide_depth, fit_length_aware, fit_linear, token_budget_for_slo
 from estimator.profile import Profile, finite_samples, profile_pool
 from estimator.rounds import LevelSample, MakeQuery, ProgressHook, Submit
 from estimator.stress import FineTuneResult, StressResult, fine_tune, stress_test
@@ -34,9 +34,7 @@ class CalibrationOptions:
     lengths: tuple[int, ...] = ()  # extra query lengths for the length-aware fit
     request_timeout: float | None = None
     fine_tune_steps: int = 8
-    # Every method aims at T*(1 - headroom): at the exact boundary the measured tail sits on
-    # the SLO and misses it about half the time by noise alone.
-    headroom: float = 0.10
+    headroom: float = DEFAULT_HEADROOM  # every method aims at T*(1 - headroom)
 
 
 def fit_profile(pool: str, samples: tuple[LevelSample, ...] | list[LevelSample]) -> LinearFit:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -11,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from estimator import Calibration, LengthFit, decide_depth
+from estimator import DEFAULT_HEADROOM, Calibration, LengthFit, LinearFit, decide_depth
 from queue_manager.pool import TokenCharge
 
 log = logging.getLogger(__name__)
@@ -70,7 +71,8 @@ async def probe_depth(
 
     One query alone gives beta; a full batch per instance gives the drain rate, whose
     inverse is alpha. Cheap (a few rounds), and measured rather than guessed. A first,
-    unmeasured round lets the kernels meet these shapes before the clock runs.
+    unmeasured round lets the kernels meet these shapes before the clock runs. The depth
+    keeps `windve calibrate`'s default headroom.
     """
 
     async def closed_loop_round(concurrency: int) -> float:
@@ -81,7 +83,12 @@ async def probe_depth(
     await closed_loop_round(batch)
     beta = min([await closed_loop_round(1) for _ in range(3)])
     alpha = await closed_loop_round(batch) / batch
-    depth = max(1, int((slo - beta) / alpha)) if slo > beta else 1
+    decision = decide_depth(LinearFit(alpha, beta, r2=math.nan, points=2), slo, headroom=DEFAULT_HEADROOM)
+    # Even a pool too slow for the SLO serves one query at a time: refusing everything at
+    # start, on two rounds of evidence, would be worse than a late answer.
     return DepthSource(
-        pool, depth, "warm-up probe", detail={"alpha": alpha, "beta": beta, "query_tokens": len(query)}
+        pool,
+        decision.depth or 1,
+        "warm-up probe",
+        detail={"alpha": alpha, "beta": beta, "query_tokens": len(query), "reason": decision.reason},
     )

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from estimator.fit import decide_depth
+from estimator.fit import DEFAULT_HEADROOM, LinearFit, decide_depth
 from estimator.layouts import choose_layout
 from estimator.pipeline import fit_profile
 from estimator.profile import profile_pool
@@ -74,6 +74,29 @@ def test_interleaved_levels_take_their_rounds_in_turn_and_each_keeps_its_own_tai
     for level in (20, 5):
         assert samples[level].p95 == pytest.approx(SERVICE.expected_p95(level, TOKENS), rel=0.1)
         assert samples[level].concurrency == level and samples[level].failures == 0
+
+
+def test_warm_up_probe_aims_at_the_slo_less_the_default_headroom() -> None:
+    from windve.depths import probe_depth
+
+    async def body(pool: SimulatedPool):
+        return await probe_depth("sim", pool.submit, constant_query(TOKENS), SERVICE.max_batch_size, SLO)
+
+    source = asyncio.run(_with_pool(SERVICE, body))
+    alpha, beta = source.detail["alpha"], source.detail["beta"]
+    assert source.source == "warm-up probe"
+    assert source.depth == decide_depth(LinearFit(alpha, beta, math.nan, 2), SLO, headroom=DEFAULT_HEADROOM).depth
+    assert close_to(source.depth, SERVICE.optimum_depth(SLO * (1 - DEFAULT_HEADROOM), TOKENS))
+
+
+def test_warm_up_probe_of_a_pool_too_slow_for_the_slo_still_serves_one_query() -> None:
+    from windve.depths import probe_depth
+
+    async def body(pool: SimulatedPool):
+        return await probe_depth("sim", pool.submit, constant_query(TOKENS), SERVICE.max_batch_size, 0.001)
+
+    source = asyncio.run(_with_pool(SERVICE, body))
+    assert source.depth == 1 and "unusable" in source.detail["reason"]
 
 
 def test_profile_estimate_is_close_to_the_analytic_optimum() -> None:

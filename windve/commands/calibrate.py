@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from estimator.calibration import Calibration, LayoutRecord, save_calibration, to_dict
-from estimator.fit import depth_for_slo
+from estimator.fit import DEFAULT_HEADROOM, depth_for_slo
 from estimator.layouts import choose_layout
 from estimator.pipeline import CalibrationOptions, CalibrationRunError, calibrate_pools, fit_profile
 from estimator.profile import profile_pool
@@ -112,8 +112,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="profile the CPU layouts the topology allows and keep the deepest")
     parser.add_argument("--pools", type=_pool_list, metavar="POOL,...",
                         help=f"pools to calibrate, from {', '.join(POOL_CHOICES)} (default: all in the plan)")
-    parser.add_argument("--headroom", type=_fraction, default=0.10,
-                        help="aim every depth at SLO*(1 - HEADROOM), so that noise does not push the tail over")
+    parser.add_argument("--headroom", type=_fraction, default=DEFAULT_HEADROOM,
+                        help="aim every depth at SLO*(1 - HEADROOM), so that noise does not push the tail over "
+                             f"(default {DEFAULT_HEADROOM:g}; 0.2 on a machine that shares its cores or caches)")
     parser.add_argument("--request-timeout", type=_positive(float, "--request-timeout"),
                         help="seconds before a profiling request counts as failed "
                         "(default: 10x the largest SLO, at least 30)")
