@@ -43,7 +43,8 @@ from estimator.fit import LengthFit, decide_depth
 from estimator.pipeline import CalibrationOptions, calibrate_pools, fit_profile
 from estimator.profile import profile_pool
 from estimator.report import describe_charge
-from estimator.rounds import MakeQuery, Submit, measure_level, tail
+from estimator.recheck import recheck_speed, reference_level
+from estimator.rounds import MakeQuery, Submit, tail
 from estimator.simulated import ServiceTime, SimulatedPool, constant_query
 from estimator.stress import monotone_depth, stress_test
 from queue_manager.pool import TokenCharge
@@ -100,13 +101,13 @@ async def compare_methods(
     # The machine's speed after each method, against the profile's: the same level measured
     # again (not counted in any method's time). A shared machine changes speed for seconds
     # to minutes at a time, and each method sees its own share of that.
-    reference = max((s for s in profile.samples if s.meets(slo)), key=lambda s: s.concurrency, default=None)
+    reference = reference_level(profile.samples, slo)
     speeds: list[str] = []
 
     async def note_speed(after: str) -> None:
-        if reference is not None:
-            again = await measure_level(pool.submit, pool.make_query, reference.concurrency, TOKENS, rounds)
-            speeds.append(f"{after} {again.p95 / reference.p95:.2f}x")
+        check = await recheck_speed(pool.submit, pool.make_query, profile.samples, slo, rounds)
+        if check is not None:
+            speeds.append(f"{after} {check.ratio:.2f}x")
 
     await note_speed("after the estimate")
     stress = await stress_test(

@@ -23,6 +23,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from estimator.fit import LengthFit, LinearFit
 from estimator.layouts import LayoutTrial
+from estimator.recheck import SpeedCheck
 from estimator.rounds import LevelSample
 from estimator.stress import FineTuneResult, StressResult
 
@@ -65,6 +66,7 @@ class PoolCalibration:
     length_samples: tuple[LevelSample, ...] = ()
     length_seconds: float = 0.0
     stress: StressResult | None = None
+    recheck: SpeedCheck | None = None  # with --recheck: the machine's speed at the end
 
     def at(self, slo: float) -> SloDepth:
         for entry in self.depths:

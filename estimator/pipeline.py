@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from estimator.calibration import Calibration, ModelIdentity, PoolCalibration, SloDepth
 from estimator.fit import DEFAULT_HEADROOM, LengthFit, LinearFit, decide_depth, fit_length_aware, fit_linear, token_budget_for_slo
 from estimator.profile import Profile, finite_samples, profile_pool
+from estimator.recheck import recheck_speed
 from estimator.rounds import LevelSample, MakeQuery, ProgressHook, Submit
 from estimator.stress import FineTuneResult, StressResult, fine_tune, stress_test
 
@@ -34,6 +35,7 @@ class CalibrationOptions:
     lengths: tuple[int, ...] = ()  # extra query lengths for the length-aware fit
     request_timeout: float | None = None
     fine_tune_steps: int = 8
+    recheck: bool = False  # measure a profiled level again at the end (estimator.recheck)
     headroom: float = DEFAULT_HEADROOM  # every method aims at T*(1 - headroom)
 
 
@@ -88,6 +90,14 @@ class _PoolCalibrator:
             length_seconds += extra.seconds
         length_fit = _fit_lengths(list(main.samples) + length_samples) if length_samples else None
         stress = await self.stress(name, submit) if o.stress_step else None
+        speed = (
+            await recheck_speed(
+                submit, self.make_query, main.samples, max(o.slos), o.rounds,
+                timeout=o.request_timeout, pool=name, progress=self.progress,
+            )
+            if o.recheck
+            else None
+        )
         return PoolCalibration(
             samples=main.samples,
             fit=fit,
@@ -98,6 +108,7 @@ class _PoolCalibrator:
             length_samples=tuple(length_samples),
             length_seconds=length_seconds,
             stress=stress,
+            recheck=speed,
         )
 
     async def stress(self, name: str, submit: Submit) -> StressResult:

@@ -91,6 +91,8 @@ def format_report(calibration: Calibration) -> str:
                 f"(R^2 = {lf.r2:.4f}, L = {lf.min_length}..{lf.max_length}, {pool.length_seconds:.1f} s); "
                 f"token budget: {budgets or 'none'} ({describe_charge(lf)})"
             )
+        if pool.recheck is not None:
+            lines.append(f"  {name} recheck: {pool.recheck.describe()}")
         for entry in pool.depths:
             if entry.estimate is None or "capped" in entry.reason:
                 lines.append(f"  {name} at {entry.slo:g} s: {entry.reason}")

@@ -43,7 +43,7 @@ class LevelSample:
 class Progress:
     """One finished round; `sample` is set on the last round of a level."""
 
-    stage: str  # profile | lengths | stress | fine-tune | layout
+    stage: str  # profile | lengths | stress | fine-tune | layout | recheck
     pool: str
     concurrency: int
     round: int

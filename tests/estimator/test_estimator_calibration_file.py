@@ -28,6 +28,7 @@ from estimator.fit import LengthFit, LinearFit
 from estimator.layouts import LayoutTrial
 from estimator.pipeline import CalibrationOptions, calibrate_pools
 from estimator.plot import plot_calibration
+from estimator.recheck import SpeedCheck
 from estimator.report import format_report
 from estimator.rounds import LevelSample
 from estimator.simulated import ServiceTime, SimulatedPool, constant_query
@@ -54,6 +55,7 @@ def make_calibration() -> Calibration:
         length_samples=(_sample(1, 0.01, tokens=16), _sample(2, 0.015, tokens=16)),
         length_seconds=4.0,
         stress=stress,
+        recheck=SpeedCheck(8, 0.17, 0.21),
     )
     accel = PoolCalibration(
         samples=(_sample(1, 0.01), _sample(2, 0.012)),
@@ -172,6 +174,7 @@ def test_report_is_a_table_iii_like_summary() -> None:
     assert row.split() == ["1", "accelerator", "256", "1.0", "-", "-", "-", "-"]
     assert "cpu: t = 0.02*C + 0.01" in text and "token budget: 1800 tokens at 0.5 s" in text
     assert "CPU layout: chose per-node" in text and "tp: error" in text
+    assert "cpu recheck: C=8 took 1.24x its profile tail" in text and "--headroom 0.2" in text
 
 
 def test_pipeline_calibrates_simulated_pools_into_a_valid_file(tmp_path: Path) -> None:

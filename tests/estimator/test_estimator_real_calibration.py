@@ -25,6 +25,7 @@ from estimator.calibration import load_calibration
 from estimator.fit import decide_depth
 from estimator.pipeline import CalibrationOptions, fit_profile
 from estimator.profile import profile_pool
+from estimator.recheck import SpeedCheck, reference_level
 from estimator.rounds import measure_interleaved
 from tests.estimator.cli_runner import run_cli
 
@@ -32,7 +33,6 @@ from tests.estimator.cli_runner import run_cli
 SLO = 0.4
 TOKENS = 75
 CHECK_ROUNDS = 6
-SAME_STATE = 0.10  # the reference's p95 within 10% of the profile's: the same machine state
 ATTEMPTS = 6  # ~45% of attempts here met another state; six all do so well under 1% of the time
 
 
@@ -64,13 +64,14 @@ def test_estimated_depth_meets_the_slo_and_one_and_a_half_times_it_does_not(cpu_
         assert fit.r2 > 0.9, profile.samples
         depth = decide_depth(fit, SLO, cap=256, headroom=CalibrationOptions().headroom).depth  # the product default
         assert depth is not None and depth >= 2, (fit, profile.samples)
-        reference = max((s for s in profile.samples if s.meets(SLO)), key=lambda s: s.concurrency)
+        reference = reference_level(profile.samples, SLO)
+        assert reference is not None, profile.samples
         beyond = math.ceil(1.5 * depth)
         levels = list(dict.fromkeys([depth, beyond, reference.concurrency]))
         checks = loop.run_until_complete(measure_interleaved(submit, runtime.make_query, levels, TOKENS, CHECK_ROUNDS))
-        speed = checks[reference.concurrency].p95 / reference.p95
-        attempts.append((round(speed, 3), depth, checks[depth].p95, checks[beyond].p95, fit))
-        if abs(speed - 1) <= SAME_STATE:
+        speed = SpeedCheck(reference.concurrency, reference.p95, checks[reference.concurrency].p95)
+        attempts.append((round(speed.ratio, 3), depth, checks[depth].p95, checks[beyond].p95, fit))
+        if speed.steady:  # the same machine state as the profile
             break
     else:
         pytest.fail(f"the machine changed speed between every profile and its checks: {attempts}")
@@ -81,7 +82,9 @@ def test_estimated_depth_meets_the_slo_and_one_and_a_half_times_it_does_not(cpu_
 
 def test_calibrate_command_in_process_writes_json_and_png(tmp_path: Path, capsys) -> None:
     out, plot = tmp_path / "calibration.json", tmp_path / "calibration.png"
-    code = run_cli("--slo", "0.3", "--rounds", "2", "--max-concurrency", "64", "--out", str(out), "--plot", str(plot))
+    code = run_cli(
+        "--slo", "0.3", "--rounds", "2", "--max-concurrency", "64", "--recheck", "--out", str(out), "--plot", str(plot)
+    )
     captured = capsys.readouterr()
     assert code == 0, captured.err
     calibration = load_calibration(out)
@@ -89,3 +92,5 @@ def test_calibrate_command_in_process_writes_json_and_png(tmp_path: Path, capsys
     assert calibration.pools["cpu"].fit.points >= 2 and calibration.pools["cpu"].at(0.3).reason
     assert matplotlib.image.imread(plot).ndim == 3
     assert "SLO (s)" in captured.out
+    recheck = calibration.pools["cpu"].recheck
+    assert recheck is not None and f"cpu recheck: C={recheck.concurrency} took" in captured.out

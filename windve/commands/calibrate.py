@@ -115,6 +115,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--headroom", type=_fraction, default=DEFAULT_HEADROOM,
                         help="aim every depth at SLO*(1 - HEADROOM), so that noise does not push the tail over "
                              f"(default {DEFAULT_HEADROOM:g}; 0.2 on a machine that shares its cores or caches)")
+    parser.add_argument("--recheck", action="store_true",
+                        help="measure a profiled level again at the end, to tell whether the machine's "
+                             "speed changed during calibration (a shared machine's does)")
     parser.add_argument("--request-timeout", type=_positive(float, "--request-timeout"),
                         help="seconds before a profiling request counts as failed "
                         "(default: 10x the largest SLO, at least 30)")
@@ -138,6 +141,7 @@ def options_from_args(args: argparse.Namespace) -> CalibrationOptions:
         lengths=tuple(args.lengths or ()),
         request_timeout=timeout,
         headroom=args.headroom,
+        recheck=args.recheck,
     )
 
 

@@ -1,0 +1,84 @@
+"""Was the machine as fast at the end of a calibration as during its profile?
+
+A machine that shares its cores, caches or memory bandwidth with other tenants changes
+speed for seconds to minutes at a time (the development machine: a state 20-29% slower).
+A depth profiled in the fast state misses the SLO in the slow one, and nothing in the
+profile shows it. Measuring one profiled level again, after the other stages, tells
+whether the speed moved during this calibration; the report says so and what to do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from estimator.rounds import LevelSample, MakeQuery, ProgressHook, Submit, measure_level
+
+# A level measured again within this share of its profile tail: the same machine state.
+# Round-to-round noise of one state here stays within ~5%; the states differ by 20-29%.
+SPEED_TOLERANCE = 0.10
+
+
+@dataclass(frozen=True)
+class SpeedCheck:
+    """A profiled level's tail then (`profile_p95`) and again after the other stages."""
+
+    concurrency: int
+    profile_p95: float
+    recheck_p95: float
+
+    @property
+    def ratio(self) -> float:
+        return self.recheck_p95 / self.profile_p95
+
+    @property
+    def steady(self) -> bool:
+        return abs(self.ratio - 1) <= SPEED_TOLERANCE
+
+    def describe(self) -> str:
+        said = (
+            f"C={self.concurrency} took {self.ratio:.2f}x its profile tail "
+            f"({self.recheck_p95:.3f} s against {self.profile_p95:.3f} s)"
+        )
+        if self.steady:
+            return f"{said}: the machine held its speed"
+        slower = "slower" if self.ratio > 1 else "faster"
+        return (
+            f"{said}: the machine ran {abs(self.ratio - 1):.0%} {slower} than during the profile. A machine "
+            "that changes speed needs more margin: calibrate again, or use --headroom 0.2"
+        )
+
+
+def reference_level(samples: Sequence[LevelSample], slo: float) -> LevelSample | None:
+    """The deepest profiled level that met the SLO: the nearest to the depth, and answered."""
+    met = [sample for sample in samples if sample.meets(slo) and sample.p95 > 0]
+    return max(met, key=lambda sample: sample.concurrency, default=None)
+
+
+async def recheck_speed(
+    submit: Submit,
+    make_query: MakeQuery,
+    samples: Sequence[LevelSample],
+    slo: float,
+    rounds: int,
+    *,
+    timeout: float | None = None,
+    pool: str = "pool",
+    progress: ProgressHook | None = None,
+) -> SpeedCheck | None:
+    """Measure the reference level again; None when no profiled level met the SLO."""
+    reference = reference_level(samples, slo)
+    if reference is None:
+        return None
+    again = await measure_level(
+        submit,
+        make_query,
+        reference.concurrency,
+        reference.tokens,
+        rounds,
+        timeout=timeout,
+        stage="recheck",
+        pool=pool,
+        progress=progress,
+    )
+    return SpeedCheck(reference.concurrency, reference.p95, again.p95)

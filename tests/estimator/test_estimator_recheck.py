@@ -1,0 +1,103 @@
+"""The speed recheck: a profiled level measured again tells whether the machine slowed."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import pytest
+
+from estimator.calibration import Calibration
+from estimator.pipeline import CalibrationOptions, calibrate_pools
+from estimator.recheck import SpeedCheck, reference_level
+from estimator.rounds import LevelSample, Progress
+from estimator.simulated import ServiceTime, SimulatedPool, constant_query
+
+FAST = ServiceTime(per_batch=0.001, per_query=0.002, max_batch_size=8)
+SLOWER = ServiceTime(per_batch=0.0013, per_query=0.0026, max_batch_size=8)  # 30% slower, like this machine's slow state
+
+
+def _level(concurrency: int, p95: float) -> LevelSample:
+    return LevelSample(concurrency, 75, 3, p95, p95)
+
+
+@pytest.mark.parametrize(("again", "steady"), [(0.2, True), (0.215, True), (0.185, True), (0.25, False), (0.17, False)])
+def test_a_level_within_ten_percent_of_its_profile_tail_counts_as_the_same_speed(again: float, steady: bool) -> None:
+    check = SpeedCheck(32, 0.2, again)
+    assert check.ratio == pytest.approx(again / 0.2)
+    assert check.steady is steady
+    assert ("--headroom 0.2" in check.describe()) is not steady
+
+
+def test_the_reference_is_the_deepest_level_that_met_the_slo() -> None:
+    samples = [_level(1, 0.02), _level(32, 0.3), _level(64, 0.55), _level(48, math.inf)]
+    assert reference_level(samples, 0.5).concurrency == 32
+    assert reference_level(samples, 0.6).concurrency == 64
+    assert reference_level(samples, 0.01) is None
+
+
+def _calibrate(slow_down_at_stress: bool) -> Calibration:
+    options = CalibrationOptions(slos=(0.15,), rounds=3, stress_step=16, recheck=True)
+
+    async def body() -> Calibration:
+        pool = SimulatedPool(FAST)
+
+        def progress(event: Progress) -> None:
+            if slow_down_at_stress and event.stage == "stress":
+                pool.service = SLOWER  # the machine slows after the profile
+
+        try:
+            return await calibrate_pools(
+                {"cpu": pool.submit}, constant_query, options,
+                model_name="sim", model_revision="r1", hardware_fingerprint="hw1", progress=progress,
+            )
+        finally:
+            await pool.close()
+
+    return asyncio.run(body())
+
+
+def test_recheck_of_a_steady_pool_finds_the_same_speed() -> None:
+    pool = _calibrate(slow_down_at_stress=False).pools["cpu"]
+    assert pool.recheck is not None and pool.recheck.steady, pool.recheck
+    assert pool.recheck.concurrency == max(s.concurrency for s in pool.samples if s.p95 <= 0.15)
+
+
+def test_recheck_finds_a_pool_that_slowed_after_its_profile() -> None:
+    check = _calibrate(slow_down_at_stress=True).pools["cpu"].recheck
+    assert check is not None and not check.steady, check
+    assert check.ratio == pytest.approx(1.3, abs=0.1)
+
+
+def test_no_recheck_unless_asked() -> None:
+    async def body() -> Calibration:
+        pool = SimulatedPool(FAST)
+        try:
+            return await calibrate_pools(
+                {"cpu": pool.submit}, constant_query, CalibrationOptions(slos=(0.15,), rounds=2),
+                model_name="sim", model_revision="r1", hardware_fingerprint="hw1",
+            )
+        finally:
+            await pool.close()
+
+    assert asyncio.run(body()).pools["cpu"].recheck is None
+
+
+@pytest.mark.parametrize(("again", "warned"), [(0.26, True), (0.205, False)])
+def test_serve_warns_when_its_calibration_saw_the_machine_change_speed(again: float, warned: bool, caplog) -> None:
+    from estimator.calibration import ModelIdentity, PoolCalibration, SloDepth
+    from estimator.fit import LinearFit
+    from windve.depths import depth_from_calibration
+
+    pool = PoolCalibration(
+        samples=(_level(1, 0.01), _level(32, 0.2)),
+        fit=LinearFit(0.006, 0.005, 0.99, 2),
+        profile_seconds=1.0,
+        depths=(SloDepth(0.3, 48, "floor(...)"),),
+        recheck=SpeedCheck(32, 0.2, again),
+    )
+    calibration = Calibration(ModelIdentity("m", "r"), "hw", (0.3,), 75, 3, {"cpu": pool}, headroom=0.1)
+    with caplog.at_level("WARNING", logger="windve.depths"):
+        source = depth_from_calibration(calibration, "cpu", 0.3, "calibration (file)")
+    assert source is not None and source.depth == 48
+    assert ("1.30x its profile tail" in caplog.text) is warned
