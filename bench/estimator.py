@@ -43,7 +43,7 @@ from estimator.fit import LengthFit, decide_depth
 from estimator.pipeline import CalibrationOptions, calibrate_pools, fit_profile
 from estimator.profile import profile_pool
 from estimator.report import describe_charge
-from estimator.recheck import recheck_speed, reference_level
+from estimator.recheck import SpeedCheck, recheck_speed
 from estimator.rounds import MakeQuery, Submit, tail
 from estimator.simulated import ServiceTime, SimulatedPool, constant_query
 from estimator.stress import monotone_depth, stress_test
@@ -101,13 +101,12 @@ async def compare_methods(
     # The machine's speed after each method, against the profile's: the same level measured
     # again (not counted in any method's time). A shared machine changes speed for seconds
     # to minutes at a time, and each method sees its own share of that.
-    reference = reference_level(profile.samples, slo)
-    speeds: list[str] = []
+    speeds: list[tuple[str, SpeedCheck]] = []
 
     async def note_speed(after: str) -> None:
         check = await recheck_speed(pool.submit, pool.make_query, profile.samples, slo, rounds)
         if check is not None:
-            speeds.append(f"{after} {check.ratio:.2f}x")
+            speeds.append((after, check))
 
     await note_speed("after the estimate")
     stress = await stress_test(
@@ -124,9 +123,10 @@ async def compare_methods(
     await note_speed("after step 1")
     print(f"[{pool.name}] step-1 sweep: first miss after C={sweep.depths[0]}, "
           f"{len(sweep.samples)} levels, stopped: {sweep.stop_reason}")
-    if reference is not None:
-        print(f"[{pool.name}] p95 of the profile's C={reference.concurrency} level ({reference.p95:.3f} s in the "
-              f"profile) measured again: {', '.join(speeds)}")
+    if speeds:
+        reference = speeds[0][1]
+        print(f"[{pool.name}] p95 of the profile's C={reference.concurrency} level ({reference.profile_p95:.3f} s "
+              f"in the profile) measured again: {', '.join(f'{after} {check.ratio:.2f}x' for after, check in speeds)}")
     return results
 
 
