@@ -6,7 +6,9 @@ Section `methods` (paper Table III): for each pool, the depth and wall time of
   - the optimum (stress test with step 1, swept on past the first miss until --misses
     levels in a row miss, read off an isotonic fit so that one noisy level does not decide),
 and whether the estimate lands within 5% of the optimum in <= 25% of the step-8 time.
-All three aim at the SLO itself (no headroom): this compares the methods, not the margin.
+With --repeats N, the estimate and the stress test run N times each (the optimum once, in
+the middle) and the bench counts how often each lands within 5%: on a machine whose speed
+changes, one run is one draw. All three aim at the SLO itself (no headroom): this compares the methods, not the margin.
 
 Section `mixed`: `windve calibrate`'s pipeline with a length sweep (16, 75, 256 tokens and
 the default headroom) gives a query depth at 75 tokens and a token budget. Closed-loop
@@ -19,7 +21,7 @@ By default the pools are simulated (a real asyncio server with a known service t
 analytic optimum is printed too); `--runtime` profiles the real service pools in-process.
 Usage:
   python bench/estimator.py [--slo 0.2] [--rounds 3] [--step 8] [--sections methods,mixed]
-  python bench/estimator.py --runtime [--slo 1.0] [--pools cpu]
+  python bench/estimator.py --runtime [--slo 1.0] [--pools cpu] [--repeats 5]
 Figures from a shared, loaded machine move from run to run; rerun before quoting them.
 """
 
@@ -89,15 +91,22 @@ class MethodResult:
     seconds: float
 
 
-async def compare_methods(
-    pool: Pool, slo: float, rounds: int, step: int, max_concurrency: int, misses: int
-) -> list[MethodResult]:
+@dataclass
+class Trial:
+    """One estimate and one step-N stress test, back to back, and the machine's speed after each."""
+
+    estimate: MethodResult
+    stress: MethodResult
+    speeds: list[tuple[str, SpeedCheck]]
+
+
+async def run_trial(pool: Pool, slo: float, rounds: int, step: int, max_concurrency: int) -> Trial:
     started = time.perf_counter()
     profile = await profile_pool(
         pool.submit, pool.make_query, slo, query_tokens=TOKENS, rounds=rounds, max_concurrency=max_concurrency
     )
     estimate = decide_depth(fit_profile(pool.name, profile.samples), slo, cap=max_concurrency).depth
-    results = [MethodResult("estimate (profile + fit)", estimate, time.perf_counter() - started)]
+    estimated = MethodResult("estimate (profile + fit)", estimate, time.perf_counter() - started)
     # The machine's speed after each method, against the profile's: the same level measured
     # again (not counted in any method's time). A shared machine changes speed for seconds
     # to minutes at a time, and each method sees its own share of that.
@@ -113,39 +122,66 @@ async def compare_methods(
         pool.submit, pool.make_query, [slo], step=step, query_tokens=TOKENS, rounds=rounds,
         max_concurrency=max_concurrency,
     )
-    results.append(MethodResult(f"stress test (step {step})", stress.depths[0], stress.seconds))
     await note_speed(f"after step {step}")
+    return Trial(estimated, MethodResult(f"stress test (step {step})", stress.depths[0], stress.seconds), speeds)
+
+
+async def compare_methods(
+    pool: Pool, slo: float, rounds: int, step: int, max_concurrency: int, misses: int, repeats: int
+) -> tuple[list[Trial], MethodResult]:
+    """`repeats` trials (estimate, then step N) with the step-1 optimum swept once, in the middle,
+    so that trials before and after it share out the machine's slow and fast spells."""
+    trials: list[Trial] = []
+    for _ in range((repeats + 1) // 2):
+        trials.append(await run_trial(pool, slo, rounds, step, max_concurrency))
     sweep = await stress_test(
         pool.submit, pool.make_query, [slo], step=1, query_tokens=TOKENS, rounds=rounds,
         max_concurrency=max_concurrency, misses_to_stop=misses,
     )
-    results.append(MethodResult("optimum (step 1, isotonic)", monotone_depth(sweep.samples, slo), sweep.seconds))
-    await note_speed("after step 1")
+    optimum = MethodResult("optimum (step 1, isotonic)", monotone_depth(sweep.samples, slo), sweep.seconds)
     print(f"[{pool.name}] step-1 sweep: first miss after C={sweep.depths[0]}, "
           f"{len(sweep.samples)} levels, stopped: {sweep.stop_reason}")
-    if speeds:
-        reference = speeds[0][1]
-        print(f"[{pool.name}] p95 of the profile's C={reference.concurrency} level ({reference.profile_p95:.3f} s "
-              f"in the profile) measured again: {', '.join(f'{after} {check.ratio:.2f}x' for after, check in speeds)}")
-    return results
+    for _ in range(repeats // 2):
+        trials.append(await run_trial(pool, slo, rounds, step, max_concurrency))
+    for number, trial in enumerate(trials, 1):
+        if trial.speeds:
+            reference = trial.speeds[0][1]
+            print(f"[{pool.name}] run {number}: p95 of the profile's C={reference.concurrency} level "
+                  f"({reference.profile_p95:.3f} s in the profile) measured again: "
+                  f"{', '.join(f'{after} {check.ratio:.2f}x' for after, check in trial.speeds)}")
+    return trials, optimum
 
 
-def print_methods(pool: Pool, slo: float, step: int, results: list[MethodResult]) -> None:
-    estimate, stress, optimum = results
+def within(result: MethodResult, optimum: int) -> bool:
+    return optimum > 0 and result.depth is not None and abs(result.depth / optimum - 1) <= 0.05
+
+
+def print_methods(pool: Pool, slo: float, step: int, trials: list[Trial], optimum: MethodResult) -> None:
     best = optimum.depth or 0
-    print(f"\n[{pool.name}] SLO {slo:g} s, {TOKENS}-token queries")
-    print(f"{'method':<32}{'depth':>7}{'vs optimum':>12}{'wall time (s)':>15}{'vs step-8 time':>16}")
-    for result in results:
-        error = f"{(result.depth or 0) / best - 1:+.1%}" if best else "-"
-        share = f"{result.seconds / stress.seconds:.0%}" if stress.seconds else "-"
-        print(f"{result.method:<32}{result.depth or 0:>7}{error:>12}{result.seconds:>15.1f}{share:>16}")
+
+    def error(result: MethodResult) -> str:
+        return f"{(result.depth or 0) / best - 1:+.1%}" if best else "-"
+
+    print(f"\n[{pool.name}] SLO {slo:g} s, {TOKENS}-token queries; optimum (step 1, isotonic) {best} "
+          f"in {optimum.seconds:.1f} s")
     if pool.service is not None:
-        print(f"{'analytic optimum':<32}{pool.service.optimum_depth(slo, TOKENS):>7}")
-    accurate = best > 0 and estimate.depth is not None and abs(estimate.depth / best - 1) <= 0.05
-    cheap = estimate.seconds <= 0.25 * stress.seconds
-    verdict = "MET" if accurate and cheap else "NOT MET"
-    print(f"target (within 5% of the optimum in <= 25% of the step-{step} time): {verdict} "
-          f"(accuracy {'ok' if accurate else 'missed'}, cost {'ok' if cheap else 'missed'})")
+        print(f"analytic optimum {pool.service.optimum_depth(slo, TOKENS)}")
+    print(f"{'run':<5}{'estimate':>9}{'vs opt':>9}{'time (s)':>10}{f'step {step}':>9}{'vs opt':>9}{'time (s)':>10}"
+          f"{'est/step time':>15}  target (within 5% of the optimum in <= 25% of the step-{step} time)")
+    met = 0
+    for number, trial in enumerate(trials, 1):
+        estimate, stress = trial.estimate, trial.stress
+        share = estimate.seconds / stress.seconds if stress.seconds else float("inf")
+        accurate, cheap = within(estimate, best), share <= 0.25
+        met += accurate and cheap
+        verdict = "MET" if accurate and cheap else (
+            f"NOT MET (accuracy {'ok' if accurate else 'missed'}, cost {'ok' if cheap else 'missed'})"
+        )
+        print(f"{number:<5}{estimate.depth or 0:>9}{error(estimate):>9}{estimate.seconds:>10.1f}"
+              f"{stress.depth or 0:>9}{error(stress):>9}{stress.seconds:>10.1f}{share:>15.0%}  {verdict}")
+    count = len(trials)
+    print(f"within 5% of the optimum: estimate {sum(within(t.estimate, best) for t in trials)}/{count}, "
+          f"step {step} {sum(within(t.stress, best) for t in trials)}/{count}; target met in {met}/{count} runs")
 
 
 async def mixed_lengths(pool: Pool, slo: float, rounds: int, max_concurrency: int, seed: int = 1) -> None:
@@ -272,6 +308,9 @@ def main() -> None:
     parser.add_argument("--max-concurrency", type=int, default=1024)
     parser.add_argument("--misses", type=int, default=8,
                         help="the step-1 optimum sweep stops after this many levels in a row miss")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="estimate and step-N runs against the one step-1 optimum: one run on a machine "
+                             "that changes speed shows one draw, not how often the target holds")
     parser.add_argument("--sections", default="methods,mixed")
     parser.add_argument("--runtime", action="store_true", help="profile the real service pools in-process")
     parser.add_argument("--pools", help="comma-separated pool names (default: all)")
@@ -283,8 +322,10 @@ def main() -> None:
         chosen = [p for p in pools if not args.pools or p.name in args.pools.split(",")]
         if "methods" in sections:
             for pool in chosen:
-                results = await compare_methods(pool, slo, args.rounds, args.step, args.max_concurrency, args.misses)
-                print_methods(pool, slo, args.step, results)
+                trials, optimum = await compare_methods(
+                    pool, slo, args.rounds, args.step, args.max_concurrency, args.misses, args.repeats
+                )
+                print_methods(pool, slo, args.step, trials, optimum)
         if "mixed" in sections:
             for pool in chosen:
                 await mixed_lengths(pool, slo, args.rounds, args.max_concurrency)

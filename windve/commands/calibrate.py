@@ -86,7 +86,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "calibrate",
         help="profile the pools and write SLO-derived queue depths",
         description=__doc__,
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_arguments(parser)
     parser.set_defaults(run=run)
@@ -97,13 +97,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--slo", type=seconds, action="append", metavar="SECONDS",
                         help="latency SLO in seconds; repeat for several (default: 1.0)")
     parser.add_argument("--query-tokens", type=_positive(int, "--query-tokens"), default=75,
-                        help="tokens per profiling query, special tokens included (the paper uses 75)")
-    parser.add_argument("--rounds", type=_positive(int, "--rounds"), default=5, help="closed-loop rounds per level")
+                        help="tokens per profiling query, special tokens included (default: %(default)s, as in the paper)")
+    parser.add_argument("--rounds", type=_positive(int, "--rounds"), default=5, help="closed-loop rounds per level (default: %(default)s)")
     parser.add_argument("--max-concurrency", type=_positive(int, "--max-concurrency"), default=256,
-                        help="highest concurrency profiled; also caps every depth")
+                        help="highest concurrency profiled; also caps every depth (default: %(default)s)")
     parser.add_argument("--stress-test", action="store_true",
                         help="also run the stress-test baseline (raise C by --step until the SLO breaks)")
-    parser.add_argument("--step", type=_positive(int, "--step"), default=8, help="stress-test step")
+    parser.add_argument("--step", type=_positive(int, "--step"), default=8, help="stress-test step (default: %(default)s)")
     parser.add_argument("--fine-tune", action="store_true",
                         help="adjust each depth around the estimate with all pools loaded together")
     parser.add_argument("--lengths", type=_length_list, metavar="L1,L2,...",
@@ -114,15 +114,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"pools to calibrate, from {', '.join(POOL_CHOICES)} (default: all in the plan)")
     parser.add_argument("--headroom", type=_fraction, default=DEFAULT_HEADROOM,
                         help="aim every depth at SLO*(1 - HEADROOM), so that noise does not push the tail over "
-                             f"(default {DEFAULT_HEADROOM:g}; 0.2 on a machine that shares its cores or caches)")
+                             f"(default: {DEFAULT_HEADROOM:g}; 0.2 on a machine that shares its cores or caches)")
     parser.add_argument("--recheck", action="store_true",
                         help="measure a profiled level again at the end, to tell whether the machine's "
                              "speed changed during calibration (a shared machine's does)")
     parser.add_argument("--request-timeout", type=_positive(float, "--request-timeout"),
                         help="seconds before a profiling request counts as failed "
                         "(default: 10x the largest SLO, at least 30)")
-    parser.add_argument("--out", type=Path, default=Path("calibration.json"), help="calibration JSON to write")
-    parser.add_argument("--plot", type=Path, default=Path("calibration.png"), help="fit picture (PNG) to write")
+    parser.add_argument("--out", type=Path, default=Path("calibration.json"), help="calibration JSON to write (default: %(default)s)")
+    parser.add_argument("--plot", type=Path, default=Path("calibration.png"), help="fit picture (PNG) to write (default: %(default)s)")
     parser.add_argument("--url", help="profile the server running at this URL (POST URL/embed) instead of in-process")
     parser.add_argument("--redis-url", help="also publish the calibration to this Redis (default: WINDVE_REDIS_URL)")
     parser.add_argument("--config", type=Path, help="YAML/JSON settings file (env WINDVE_CONFIG)")
