@@ -187,12 +187,20 @@ async def settle() -> None:
         await asyncio.sleep(0)
 
 
+async def started_budget_pool(
+    token_budget: int, charge: TokenCharge = TokenCharge()
+) -> tuple[ControlledInstance, QueueManager]:
+    """One controlled CPU instance in a started queue manager, its pool limited by `token_budget`."""
+    inst = ControlledInstance("cpu0")
+    qm = QueueManager([("cpu", 100, [inst])], max_batch_size=8)
+    await qm.start()
+    qm.set_depth("cpu", 100, token_budget=token_budget, token_charge=charge)
+    return inst, qm
+
+
 def test_token_budget_bounds_tokens_in_flight():
     async def scenario():
-        inst = ControlledInstance("cpu0")
-        qm = QueueManager([("cpu", 100, [inst])], max_batch_size=8)
-        await qm.start()
-        qm.set_depth("cpu", 100, token_budget=10)
+        inst, qm = await started_budget_pool(10)
         first = asyncio.create_task(qm.submit([np.arange(6), np.arange(4)]))
         await settle()
         with pytest.raises(Busy):
@@ -211,10 +219,7 @@ def test_token_budget_charges_overhead_and_attention_per_query():
     assert (charge(20), charge(4)) == (20 + 2 + 20, 4 + 2 + 1)  # ceil(0.05 * 16) = 1
 
     async def scenario():
-        inst = ControlledInstance("cpu0")
-        qm = QueueManager([("cpu", 100, [inst])], max_batch_size=8)
-        await qm.start()
-        qm.set_depth("cpu", 100, token_budget=100, token_charge=charge)
+        inst, qm = await started_budget_pool(100, charge)
         first = asyncio.create_task(qm.submit([np.arange(20), np.arange(20)]))  # 84 of 100
         await settle()
         with pytest.raises(Busy):
@@ -243,10 +248,7 @@ def test_token_budget_charges_overhead_and_attention_per_query():
 
 def test_token_budget_shrinks_by_the_padding_of_recent_batches():
     async def scenario():
-        inst = ControlledInstance("cpu0")
-        qm = QueueManager([("cpu", 100, [inst])], max_batch_size=8)
-        await qm.start()
-        qm.set_depth("cpu", 100, token_budget=1000)
+        inst, qm = await started_budget_pool(1000)
         pool = qm.pools[0]
         assert pool.padding == 1.0
         first = asyncio.create_task(qm.submit([np.arange(10), np.arange(14)]))  # one batch, padded to 14
