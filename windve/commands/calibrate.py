@@ -97,13 +97,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--slo", type=seconds, action="append", metavar="SECONDS",
                         help="latency SLO in seconds; repeat for several (default: 1.0)")
     parser.add_argument("--query-tokens", type=_positive(int, "--query-tokens"), default=75,
-                        help="tokens per profiling query, special tokens included (default: %(default)s, as in the paper)")
-    parser.add_argument("--rounds", type=_positive(int, "--rounds"), default=5, help="closed-loop rounds per level (default: %(default)s)")
+                        help="tokens per profiling query, special tokens included "
+                             "(default: %(default)s, as in the paper)")
+    parser.add_argument("--rounds", type=_positive(int, "--rounds"), default=5,
+                        help="closed-loop rounds per level (default: %(default)s)")
     parser.add_argument("--max-concurrency", type=_positive(int, "--max-concurrency"), default=256,
                         help="highest concurrency profiled; also caps every depth (default: %(default)s)")
     parser.add_argument("--stress-test", action="store_true",
                         help="also run the stress-test baseline (raise C by --step until the SLO breaks)")
-    parser.add_argument("--step", type=_positive(int, "--step"), default=8, help="stress-test step (default: %(default)s)")
+    parser.add_argument("--step", type=_positive(int, "--step"), default=8,
+                        help="stress-test step (default: %(default)s)")
     parser.add_argument("--fine-tune", action="store_true",
                         help="adjust each depth around the estimate with all pools loaded together")
     parser.add_argument("--lengths", type=_length_list, metavar="L1,L2,...",
@@ -121,8 +124,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--request-timeout", type=_positive(float, "--request-timeout"),
                         help="seconds before a profiling request counts as failed "
                         "(default: 10x the largest SLO, at least 30)")
-    parser.add_argument("--out", type=Path, default=Path("calibration.json"), help="calibration JSON to write (default: %(default)s)")
-    parser.add_argument("--plot", type=Path, default=Path("calibration.png"), help="fit picture (PNG) to write (default: %(default)s)")
+    parser.add_argument("--out", type=Path, default=Path("calibration.json"),
+                        help="calibration JSON to write (default: %(default)s)")
+    parser.add_argument("--plot", type=Path, default=Path("calibration.png"),
+                        help="fit picture (PNG) to write (default: %(default)s)")
     parser.add_argument("--url", help="profile the server running at this URL (POST URL/embed) instead of in-process")
     parser.add_argument("--redis-url", help="also publish the calibration to this Redis (default: WINDVE_REDIS_URL)")
     parser.add_argument("--config", type=Path, help="YAML/JSON settings file (env WINDVE_CONFIG)")
