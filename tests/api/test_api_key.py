@@ -1,4 +1,4 @@
-"""The optional bearer API key: embedding routes and /info need it; /health and /metrics do not."""
+"""The optional bearer API key: embedding routes, /v1/models and /info need it; /health and /metrics do not."""
 
 from __future__ import annotations
 
@@ -26,6 +26,8 @@ def test_missing_or_wrong_key_is_401(keyed_server, header):
     openai = httpx.post(keyed_server.url + "/v1/embeddings", json={"input": "x"}, headers=headers)
     assert openai.status_code == 401 and openai.json()["error"]["code"] == "invalid_api_key"
     assert httpx.get(keyed_server.url + "/info", headers=headers).status_code == 401
+    models = httpx.get(keyed_server.url + "/v1/models", headers=headers)
+    assert models.status_code == 401 and models.json()["error"]["code"] == "invalid_api_key"
 
 
 def test_right_key_is_served_and_probes_stay_public(keyed_server):
@@ -33,6 +35,7 @@ def test_right_key_is_served_and_probes_stay_public(keyed_server):
     assert httpx.post(keyed_server.url + "/embed", json={"inputs": "x"}, headers=auth).status_code == 200
     assert httpx.post(keyed_server.url + "/v1/embeddings", json={"input": "x"}, headers=auth).status_code == 200
     assert httpx.get(keyed_server.url + "/info", headers=auth).status_code == 200
+    assert httpx.get(keyed_server.url + "/v1/models", headers=auth).status_code == 200
     assert httpx.get(keyed_server.url + "/health").status_code == 200
     assert httpx.get(keyed_server.url + "/metrics").status_code == 200
     assert KEY not in httpx.get(keyed_server.url + "/info", headers=auth).text

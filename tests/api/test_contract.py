@@ -152,6 +152,26 @@ def test_too_long_without_truncation_names_the_limit(client):
     assert truncated.status_code == 200
 
 
+def test_openai_models_lists_and_retrieves_the_served_model(client):
+    listed = client.get("/v1/models")
+    assert listed.status_code == 200
+    body = listed.json()
+    assert body["object"] == "list" and len(body["data"]) == 1
+    model = body["data"][0]
+    assert model["id"] == client.get("/info").json()["model"]["id"] == "sentence-transformers/all-MiniLM-L6-v2"
+    assert model["object"] == "model" and model["owned_by"] == "windve"
+    assert 0 < model["created"] <= time.time()
+    assert client.get(f"/v1/models/{model['id']}").json() == model
+
+
+def test_openai_unknown_model_is_404_in_openai_shape(client):
+    missing = client.get("/v1/models/text-embedding-3-small")
+    assert missing.status_code == 404
+    error = missing.json()["error"]
+    assert error["code"] == "model_not_found" and error["param"] == "model"
+    assert "text-embedding-3-small" in error["message"] and "all-MiniLM-L6-v2" in error["message"]
+
+
 def test_health_info_metrics(client):
     assert client.get("/health").json() == {"status": "ok"}
     info = client.get("/info").json()
@@ -177,7 +197,7 @@ def test_health_info_metrics(client):
 
 def test_openapi_document(client):
     spec = client.get("/openapi.json").json()
-    assert {"/embed", "/v1/embeddings", "/health", "/info", "/metrics"} <= set(spec["paths"])
+    assert {"/embed", "/v1/embeddings", "/v1/models", "/health", "/info", "/metrics"} <= set(spec["paths"])
     embed_body = spec["paths"]["/embed"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert "inputs" in embed_body["properties"]
     assert client.get("/docs").status_code == 200

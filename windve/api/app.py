@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
@@ -54,6 +55,7 @@ def create_app(settings: Settings, start_runtime: RuntimeFactory = Runtime.start
     app.state.runtime = None
     app.state.pipeline = None
     app.state.startup_error = None
+    app.state.ready_since = None
     app.include_router(router)
 
     @app.exception_handler(RequestValidationError)
@@ -75,6 +77,7 @@ async def _start(app: FastAPI, settings: Settings, start_runtime: RuntimeFactory
             on_fatal(app.state.startup_error)
         return
     app.state.runtime = runtime
+    app.state.ready_since = int(time.time())
     app.state.pipeline = EmbeddingPipeline(runtime, cache=create_cache(settings))
     tune_gc_for_serving()
     log.info("ready: %s on pools %s", runtime.spec.name, ", ".join(runtime.pool_names))

@@ -14,11 +14,13 @@ BACKEND = "backend"
 UNHEALTHY = "unhealthy"
 TOO_LARGE = "payload_too_large"
 UNAUTHORIZED = "unauthorized"
+NOT_FOUND = "not_found"
 
 _OPENAI_TYPES = {
     VALIDATION: ("invalid_request_error", None),
     TOO_LARGE: ("invalid_request_error", "payload_too_large"),
     UNAUTHORIZED: ("invalid_request_error", "invalid_api_key"),
+    NOT_FOUND: ("invalid_request_error", "model_not_found"),
     OVERLOADED: ("server_busy", "busy"),
     BACKEND: ("server_error", "backend_error"),
     UNHEALTHY: ("server_error", "unavailable"),

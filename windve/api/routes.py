@@ -1,4 +1,4 @@
-"""HTTP routes: /embed (TEI shape), /v1/embeddings (OpenAI shape), /health, /info, /metrics."""
+"""HTTP routes: /embed (TEI shape), /v1/embeddings and /v1/models (OpenAI shape), /health, /info, /metrics."""
 
 from __future__ import annotations
 
@@ -15,13 +15,15 @@ from starlette.responses import Response
 import windve
 from windve.api import metrics
 from windve.api.body import read_json
-from windve.api.errors import UNAUTHORIZED, ApiError, json_response
+from windve.api.errors import NOT_FOUND, UNAUTHORIZED, ApiError, json_response
 from windve.api.pipeline import ClientGone, EmbeddingPipeline
 from windve.api.schemas import (
     EmbedRequest,
     OpenAIEmbeddingRequest,
     OpenAIEmbeddingResponse,
     OpenAIError,
+    OpenAIModel,
+    OpenAIModelList,
     TeiError,
     parse,
     request_schema,
@@ -33,6 +35,7 @@ CLIENT_CLOSED = 499  # nginx's code: nobody reads it, but logs and metrics say w
 
 _TEI_ERRORS = {code: {"model": TeiError} for code in (401, 413, 422, 429, 503)}
 _OPENAI_ERRORS = {code: {"model": OpenAIError} for code in (401, 413, 422, 429, 503)}
+_MODELS_ERRORS = {code: {"model": OpenAIError} for code in (401, 503)}
 
 
 def _state(request: Request):
@@ -130,6 +133,46 @@ async def openai_embeddings(request: Request) -> Response:
         )
 
     return await _answered(request, "openai", handle, ApiError.openai_response)
+
+
+def _served_model(request: Request) -> dict:
+    """The OpenAI model object of the one model this service serves."""
+    pipeline = _pipeline(request)
+    return OpenAIModel(
+        id=pipeline.runtime.spec.name, created=_state(request).ready_since, owned_by="windve"
+    ).model_dump()
+
+
+@router.get(
+    "/v1/models",
+    summary="The served model (OpenAI models shape)",
+    response_model=OpenAIModelList,
+    responses=_MODELS_ERRORS,
+)
+async def openai_models(request: Request) -> Response:
+    async def handle() -> Response:
+        return json_response({"object": "list", "data": [_served_model(request)]})
+
+    return await _answered(request, "models", handle, ApiError.openai_response)
+
+
+@router.get(
+    "/v1/models/{model_id:path}",
+    summary="One model by id (OpenAI models shape); 404 for any but the served one",
+    response_model=OpenAIModel,
+    responses={**_MODELS_ERRORS, 404: {"model": OpenAIError}},
+)
+async def openai_model(request: Request, model_id: str) -> Response:
+    async def handle() -> Response:
+        model = _served_model(request)
+        if model_id != model["id"]:
+            raise ApiError(
+                404, f"the model '{model_id}' does not exist here; this service serves '{model['id']}'", NOT_FOUND,
+                param="model",
+            )
+        return json_response(model)
+
+    return await _answered(request, "models", handle, ApiError.openai_response)
 
 
 @router.get("/health", summary="200 when every pool can serve, 503 while loading or broken")

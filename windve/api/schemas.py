@@ -51,6 +51,18 @@ class OpenAIEmbeddingResponse(BaseModel):
     usage: OpenAIUsage
 
 
+class OpenAIModel(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(description="Unix time the service loaded the model")
+    owned_by: str
+
+
+class OpenAIModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[OpenAIModel]
+
+
 class TeiError(BaseModel):
     error: str
     error_type: str

@@ -1,0 +1,54 @@
+"""What the app answers before its runtime is ready, and after the runtime failed to start.
+
+The runtime factory stands in for model loading; no request here needs a model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from starlette.testclient import TestClient
+
+from windve.api.app import create_app
+from windve.settings import Settings
+
+
+async def never_ready(settings: Settings):
+    await asyncio.Event().wait()
+
+
+async def cannot_load(settings: Settings):
+    raise OSError("no model at /nowhere")
+
+
+def test_loading_service_answers_503_in_each_routes_shape():
+    with TestClient(create_app(Settings(), start_runtime=never_ready)) as client:
+        assert client.get("/health").status_code == 503
+        assert client.get("/health").json() == {"status": "starting"}
+        tei = client.post("/embed", json={"inputs": "x"})
+        assert tei.status_code == 503 and tei.json()["error_type"] == "unhealthy"
+        assert tei.headers["retry-after"] == "1"
+        for path in ("/v1/models", "/v1/models/any"):
+            openai = client.get(path)
+            assert openai.status_code == 503, path
+            assert openai.json()["error"]["code"] == "unavailable"
+        embeddings = client.post("/v1/embeddings", json={"input": "x"})
+        assert embeddings.status_code == 503 and "still loading" in embeddings.json()["error"]["message"]
+        assert client.get("/info").json()["ready"] is False
+
+
+def test_failed_start_is_reported_by_health_and_the_fatal_hook():
+    reported: list[str] = []
+    done = threading.Event()
+
+    def on_fatal(message: str) -> None:
+        reported.append(message)
+        done.set()
+
+    with TestClient(create_app(Settings(), start_runtime=cannot_load, on_fatal=on_fatal)) as client:
+        assert done.wait(30)
+        assert reported == ["OSError: no model at /nowhere"]
+        health = client.get("/health")
+        assert health.status_code == 503
+        assert health.json() == {"status": "failed", "error": "OSError: no model at /nowhere"}
