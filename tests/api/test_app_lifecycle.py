@@ -1,6 +1,7 @@
 """What the app answers before its runtime is ready, and after the runtime failed to start.
 
-The runtime factory stands in for model loading; no request here needs a model.
+A load that never finishes is injected through `create_app`'s runtime factory, since a real
+load finishes on its own schedule; the failed start is the real `Runtime.start` on a missing model.
 """
 
 from __future__ import annotations
@@ -16,10 +17,6 @@ from windve.settings import Settings
 
 async def never_ready(settings: Settings):
     await asyncio.Event().wait()
-
-
-async def cannot_load(settings: Settings):
-    raise OSError("no model at /nowhere")
 
 
 def test_loading_service_answers_503_in_each_routes_shape():
@@ -46,9 +43,10 @@ def test_failed_start_is_reported_by_health_and_the_fatal_hook():
         reported.append(message)
         done.set()
 
-    with TestClient(create_app(Settings(), start_runtime=cannot_load, on_fatal=on_fatal)) as client:
+    with TestClient(create_app(Settings(model="/nowhere/model"), on_fatal=on_fatal)) as client:
         assert done.wait(30)
-        assert reported == ["OSError: no model at /nowhere"]
+        [message] = reported
+        assert message.startswith("ModelError: ") and "/nowhere/model" in message
         health = client.get("/health")
         assert health.status_code == 503
-        assert health.json() == {"status": "failed", "error": "OSError: no model at /nowhere"}
+        assert health.json() == {"status": "failed", "error": message}
