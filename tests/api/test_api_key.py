@@ -26,8 +26,11 @@ def test_missing_or_wrong_key_is_401(keyed_server, header):
     openai = httpx.post(keyed_server.url + "/v1/embeddings", json={"input": "x"}, headers=headers)
     assert openai.status_code == 401 and openai.json()["error"]["code"] == "invalid_api_key"
     assert httpx.get(keyed_server.url + "/info", headers=headers).status_code == 401
-    models = httpx.get(keyed_server.url + "/v1/models", headers=headers)
-    assert models.status_code == 401 and models.json()["error"]["code"] == "invalid_api_key"
+    for path in ("/v1/models", "/models"):
+        models = httpx.get(keyed_server.url + path, headers=headers)
+        assert models.status_code == 401 and models.json()["error"]["code"] == "invalid_api_key"
+    infinity = httpx.post(keyed_server.url + "/embeddings", json={"input": "x"}, headers=headers)
+    assert infinity.status_code == 401 and infinity.json()["error"]["code"] == "invalid_api_key"
 
 
 def test_right_key_is_served_and_probes_stay_public(keyed_server):

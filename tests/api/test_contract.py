@@ -164,6 +164,18 @@ def test_openai_models_lists_and_retrieves_the_served_model(client):
     assert client.get(f"/v1/models/{model['id']}").json() == model
 
 
+def test_infinity_default_paths_answer_as_their_v1_twins(client):
+    """A client given an Infinity base URL (no /v1) posts to /embeddings and lists /models."""
+    payload = {"input": TEXTS, "model": "any"}
+    twin = client.post("/v1/embeddings", json=payload).json()
+    infinity = client.post("/embeddings", json=payload).json()
+    assert infinity["model"] == twin["model"] and infinity["usage"] == twin["usage"]
+    assert np.allclose([d["embedding"] for d in infinity["data"]], [d["embedding"] for d in twin["data"]], atol=1e-6)
+    assert client.get("/models").json() == client.get("/v1/models").json()
+    bad = client.post("/embeddings", json={"input": []})
+    assert bad.status_code == 422 and bad.json()["error"]["param"] == "input"
+
+
 def test_openai_unknown_model_is_404_in_openai_shape(client):
     missing = client.get("/v1/models/text-embedding-3-small")
     assert missing.status_code == 404
@@ -197,7 +209,8 @@ def test_health_info_metrics(client):
 
 def test_openapi_document(client):
     spec = client.get("/openapi.json").json()
-    assert {"/embed", "/v1/embeddings", "/v1/models", "/health", "/info", "/metrics"} <= set(spec["paths"])
+    routes = {"/embed", "/v1/embeddings", "/embeddings", "/v1/models", "/models", "/health", "/info", "/metrics"}
+    assert routes <= set(spec["paths"])
     embed_body = spec["paths"]["/embed"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert "inputs" in embed_body["properties"]
     assert client.get("/docs").status_code == 200

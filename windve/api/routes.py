@@ -1,4 +1,8 @@
-"""HTTP routes: /embed (TEI shape), /v1/embeddings and /v1/models (OpenAI shape), /health, /info, /metrics."""
+"""HTTP routes: /embed (TEI shape), /v1/embeddings and /v1/models (OpenAI shape), /health, /info, /metrics.
+
+/embeddings and /models answer as their /v1 twins: they are where Infinity serves them by default,
+so clients pointed at an Infinity base URL work unchanged.
+"""
 
 from __future__ import annotations
 
@@ -107,6 +111,13 @@ async def embed(request: Request) -> Response:
     responses=_OPENAI_ERRORS,
     openapi_extra=request_schema(OpenAIEmbeddingRequest),
 )
+@router.post(
+    "/embeddings",
+    summary="Same as /v1/embeddings, at Infinity's default path",
+    response_model=OpenAIEmbeddingResponse,
+    responses=_OPENAI_ERRORS,
+    openapi_extra=request_schema(OpenAIEmbeddingRequest),
+)
 async def openai_embeddings(request: Request) -> Response:
     async def handle() -> Response:
         body = parse(OpenAIEmbeddingRequest, await read_json(request, _state(request).settings.max_request_bytes))
@@ -146,6 +157,12 @@ def _served_model(request: Request) -> dict:
 @router.get(
     "/v1/models",
     summary="The served model (OpenAI models shape)",
+    response_model=OpenAIModelList,
+    responses=_MODELS_ERRORS,
+)
+@router.get(
+    "/models",
+    summary="Same as /v1/models, at Infinity's default path",
     response_model=OpenAIModelList,
     responses=_MODELS_ERRORS,
 )
