@@ -104,20 +104,15 @@ async def embed(request: Request) -> Response:
     return await _answered(request, "embed", handle, ApiError.tei_response)
 
 
-@router.post(
-    "/v1/embeddings",
-    summary="Embed texts (OpenAI embeddings shape)",
-    response_model=OpenAIEmbeddingResponse,
-    responses=_OPENAI_ERRORS,
-    openapi_extra=request_schema(OpenAIEmbeddingRequest),
-)
-@router.post(
-    "/embeddings",
-    summary="Same as /v1/embeddings, at Infinity's default path",
-    response_model=OpenAIEmbeddingResponse,
-    responses=_OPENAI_ERRORS,
-    openapi_extra=request_schema(OpenAIEmbeddingRequest),
-)
+_EMBEDDINGS_ROUTE = {
+    "response_model": OpenAIEmbeddingResponse,
+    "responses": _OPENAI_ERRORS,
+    "openapi_extra": request_schema(OpenAIEmbeddingRequest),
+}
+
+
+@router.post("/v1/embeddings", summary="Embed texts (OpenAI embeddings shape)", **_EMBEDDINGS_ROUTE)
+@router.post("/embeddings", summary="Same as /v1/embeddings, at Infinity's default path", **_EMBEDDINGS_ROUTE)
 async def openai_embeddings(request: Request) -> Response:
     async def handle() -> Response:
         body = parse(OpenAIEmbeddingRequest, await read_json(request, _state(request).settings.max_request_bytes))
@@ -154,18 +149,10 @@ def _served_model(request: Request) -> dict:
     ).model_dump()
 
 
-@router.get(
-    "/v1/models",
-    summary="The served model (OpenAI models shape)",
-    response_model=OpenAIModelList,
-    responses=_MODELS_ERRORS,
-)
-@router.get(
-    "/models",
-    summary="Same as /v1/models, at Infinity's default path",
-    response_model=OpenAIModelList,
-    responses=_MODELS_ERRORS,
-)
+@router.get("/v1/models", summary="The served model (OpenAI models shape)", response_model=OpenAIModelList,
+            responses=_MODELS_ERRORS)
+@router.get("/models", summary="Same as /v1/models, at Infinity's default path", response_model=OpenAIModelList,
+            responses=_MODELS_ERRORS)
 async def openai_models(request: Request) -> Response:
     async def handle() -> Response:
         return json_response({"object": "list", "data": [_served_model(request)]})
