@@ -164,6 +164,39 @@ def test_openai_models_lists_and_retrieves_the_served_model(client):
     assert client.get(f"/v1/models/{model['id']}").json() == model
 
 
+def test_root_post_answers_as_embed(client):
+    assert client.post("/", json={"inputs": TEXTS}).json() == client.post("/embed", json={"inputs": TEXTS}).json()
+
+
+def test_huggingface_inference_client_given_the_base_url(server, expected, monkeypatch):
+    """huggingface_hub's InferenceClient, as LangChain's HuggingFaceEndpointEmbeddings uses it with TEI."""
+    from huggingface_hub import InferenceClient, constants
+
+    # The suite runs with HF_HUB_OFFLINE=1, which blocks every request the client makes, even to
+    # 127.0.0.1; this one never goes near the Hub.
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    vectors = InferenceClient(model=server.url).feature_extraction(TEXTS[0], normalize=True, truncate=True)
+    assert vectors.shape == (1, 384)
+    assert cosines(vectors, expected[:1]).min() > 0.999
+
+
+@pytest.mark.parametrize(
+    ("extra", "status", "fragment"),
+    [
+        ({"truncation_direction": "right"}, 200, None),
+        ({"truncation_direction": "Right"}, 200, None),
+        ({"truncation_direction": "left"}, 422, "truncation_direction: Value error, 'left' is not supported"),
+        ({"prompt_name": "query"}, 422, "prompt_name: Value error, prompts are not applied"),
+        ({"prompt_name": None}, 200, None),
+    ],
+)
+def test_tei_options_it_cannot_honour_are_refused(client, extra, status, fragment):
+    answer = client.post("/embed", json={"inputs": TEXTS[0], **extra})
+    assert answer.status_code == status
+    if fragment:
+        assert fragment in answer.json()["error"]
+
+
 def test_infinity_default_paths_answer_as_their_v1_twins(client):
     """A client given an Infinity base URL (no /v1) posts to /embeddings and lists /models."""
     payload = {"input": TEXTS, "model": "any"}

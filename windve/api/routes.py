@@ -1,7 +1,7 @@
 """HTTP routes: /embed (TEI shape), /v1/embeddings and /v1/models (OpenAI shape), /health, /info, /metrics.
 
-/embeddings and /models answer as their /v1 twins: they are where Infinity serves them by default,
-so clients pointed at an Infinity base URL work unchanged.
+`POST /` answers as /embed, as TEI's does for an embedding model (huggingface_hub's InferenceClient
+posts there); /embeddings and /models answer as their /v1 twins, where Infinity serves them by default.
 """
 
 from __future__ import annotations
@@ -87,13 +87,15 @@ async def _answered(
         metrics.E2E_TIME.labels(route).observe(time.perf_counter() - started)
 
 
-@router.post(
-    "/embed",
-    summary="Embed texts (text-embeddings-inference shape)",
-    response_model=list[list[float]],
-    responses=_TEI_ERRORS,
-    openapi_extra=request_schema(EmbedRequest),
-)
+_EMBED_ROUTE = {
+    "response_model": list[list[float]],
+    "responses": _TEI_ERRORS,
+    "openapi_extra": request_schema(EmbedRequest),
+}
+
+
+@router.post("/embed", summary="Embed texts (text-embeddings-inference shape)", **_EMBED_ROUTE)
+@router.post("/", summary="Same as /embed: where TEI clients given only a base URL post", **_EMBED_ROUTE)
 async def embed(request: Request) -> Response:
     async def handle() -> Response:
         body = parse(EmbedRequest, await read_json(request, _state(request).settings.max_request_bytes))

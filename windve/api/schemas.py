@@ -4,7 +4,17 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, TypeAdapter, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+)
 
 from windve.api.errors import VALIDATION, ApiError
 
@@ -19,6 +29,24 @@ class EmbedRequest(BaseModel):
     truncate: StrictBool | None = Field(
         None, description="Cut inputs longer than the model's limit (default: the server's setting)"
     )
+    # TEI clients (huggingface_hub's InferenceClient) send these two; ignoring them would change
+    # the vectors without a word, so a value this service cannot honour is refused.
+    truncation_direction: StrictStr | None = Field(None, description="Only `right`: inputs are cut at the end")
+    prompt_name: None = Field(None, description="Not supported: put the prompt in front of the text")
+
+    @field_validator("truncation_direction")
+    @classmethod
+    def _cut_at_the_end(cls, value: str | None) -> str | None:
+        if value is not None and value.lower() != "right":
+            raise ValueError(f"{value!r} is not supported; inputs are truncated on the right")
+        return value
+
+    @field_validator("prompt_name", mode="before")
+    @classmethod
+    def _no_prompts(cls, value: object) -> None:
+        if value is not None:
+            raise ValueError("prompts are not applied by this service; put the prompt in front of the text")
+        return None
 
 
 class OpenAIEmbeddingRequest(BaseModel):
