@@ -52,6 +52,29 @@ class TextTokenizer:
             sequences.append(np.asarray(encoding.ids, dtype=np.int32))
         return sequences
 
+    def tokens(self, texts: Sequence[str], add_special_tokens: bool) -> list[list[dict]]:
+        """Every token of each text, untruncated, in TEI's `/tokenize` shape.
+
+        `start`/`stop` are character offsets into the text (None for special tokens), and `text`
+        is the text they cover, or the special token itself.
+        """
+        encodings = self._full.encode_batch(list(texts), add_special_tokens=add_special_tokens)  # with offsets
+        return [
+            [
+                {
+                    "id": token_id,
+                    "text": token if special else text[start:stop],
+                    "special": bool(special),
+                    "start": None if special else start,
+                    "stop": None if special else stop,
+                }
+                for token_id, token, special, (start, stop) in zip(
+                    encoding.ids, encoding.tokens, encoding.special_tokens_mask, encoding.offsets
+                )
+            ]
+            for text, encoding in zip(texts, encodings)
+        ]
+
     def text_of_tokens(self, tokens: int) -> str:
         """A natural text whose encoding is exactly `tokens` ids long (special tokens included)."""
         if tokens < 2 or tokens > self.max_tokens:

@@ -29,6 +29,8 @@ def test_missing_or_wrong_key_is_401(keyed_server, header):
     for path in ("/v1/models", "/models"):
         models = httpx.get(keyed_server.url + path, headers=headers)
         assert models.status_code == 401 and models.json()["error"]["code"] == "invalid_api_key"
+    tokenize = httpx.post(keyed_server.url + "/tokenize", json={"inputs": "x"}, headers=headers)
+    assert tokenize.status_code == 401 and tokenize.json()["error_type"] == "unauthorized"
     infinity = httpx.post(keyed_server.url + "/embeddings", json={"input": "x"}, headers=headers)
     assert infinity.status_code == 401 and infinity.json()["error"]["code"] == "invalid_api_key"
 

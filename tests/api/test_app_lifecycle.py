@@ -23,15 +23,17 @@ def test_loading_service_answers_503_in_each_routes_shape():
     with TestClient(create_app(Settings(), start_runtime=never_ready)) as client:
         assert client.get("/health").status_code == 503
         assert client.get("/health").json() == {"status": "starting"}
-        tei = client.post("/embed", json={"inputs": "x"})
-        assert tei.status_code == 503 and tei.json()["error_type"] == "unhealthy"
-        assert tei.headers["retry-after"] == "1"
+        for path in ("/embed", "/", "/tokenize"):
+            tei = client.post(path, json={"inputs": "x"})
+            assert tei.status_code == 503 and tei.json()["error_type"] == "unhealthy", path
+            assert tei.headers["retry-after"] == "1"
         for path in ("/v1/models", "/v1/models/any"):
             openai = client.get(path)
             assert openai.status_code == 503, path
             assert openai.json()["error"]["code"] == "unavailable"
-        embeddings = client.post("/v1/embeddings", json={"input": "x"})
-        assert embeddings.status_code == 503 and "still loading" in embeddings.json()["error"]["message"]
+        for path in ("/v1/embeddings", "/embeddings"):
+            embeddings = client.post(path, json={"input": "x"})
+            assert embeddings.status_code == 503 and "still loading" in embeddings.json()["error"]["message"]
         assert client.get("/info").json()["ready"] is False
 
 

@@ -197,6 +197,41 @@ def test_tei_options_it_cannot_honour_are_refused(client, extra, status, fragmen
         assert fragment in answer.json()["error"]
 
 
+def test_tokenize_gives_the_models_tokens_with_their_offsets(client, reference_model):
+    text = "Héllo wörld, WindVE! 日本"
+    [tokens] = client.post("/tokenize", json={"inputs": text}).json()
+    assert [t["id"] for t in tokens] == reference_model.tokenizer(text)["input_ids"]
+    assert tokens[0] == {"id": 101, "text": "[CLS]", "special": True, "start": None, "stop": None}
+    assert tokens[-1]["text"] == "[SEP]" and tokens[-1]["special"]
+    for token in tokens[1:-1]:
+        assert not token["special"] and text[token["start"]:token["stop"]] == token["text"]
+    assert [t["text"] for t in tokens[1:4]] == ["Héllo", "wörld", ","]
+    plain = client.post("/tokenize", json={"inputs": [text, "a b"], "add_special_tokens": False}).json()
+    assert plain[0] == tokens[1:-1] and [t["text"] for t in plain[1]] == ["a", "b"]
+
+
+def test_tokenize_counts_past_the_models_limit(client):
+    """Chunkers count tokens to split texts; the count must not stop at the embedding limit."""
+    [tokens] = client.post("/tokenize", json={"inputs": "word " * 600}).json()
+    assert len(tokens) == 602
+
+
+@pytest.mark.parametrize(
+    ("payload", "status", "fragment"),
+    [
+        ({"inputs": []}, 422, "inputs must not be empty"),
+        ({"inputs": ["ok", ""]}, 422, "inputs[1] is an empty string"),
+        ({"inputs": ["x"] * 65}, 413, "batch size 65 > maximum allowed batch size 64"),
+        ({"inputs": "x", "add_special_tokens": "yes"}, 422, "add_special_tokens"),
+        ({"inputs": "x", "prompt_name": "query"}, 422, "prompt_name"),
+    ],
+)
+def test_tokenize_bad_input(client, payload, status, fragment):
+    answer = client.post("/tokenize", json=payload)
+    assert answer.status_code == status
+    assert fragment in answer.json()["error"]
+
+
 def test_infinity_default_paths_answer_as_their_v1_twins(client):
     """A client given an Infinity base URL (no /v1) posts to /embeddings and lists /models."""
     payload = {"input": TEXTS, "model": "any"}
@@ -242,7 +277,8 @@ def test_health_info_metrics(client):
 
 def test_openapi_document(client):
     spec = client.get("/openapi.json").json()
-    routes = {"/embed", "/v1/embeddings", "/embeddings", "/v1/models", "/models", "/health", "/info", "/metrics"}
+    routes = {"/embed", "/", "/tokenize", "/v1/embeddings", "/embeddings", "/v1/models", "/models"}
+    routes |= {"/health", "/info", "/metrics"}
     assert routes <= set(spec["paths"])
     embed_body = spec["paths"]["/embed"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert "inputs" in embed_body["properties"]

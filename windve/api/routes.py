@@ -1,4 +1,5 @@
-"""HTTP routes: /embed (TEI shape), /v1/embeddings and /v1/models (OpenAI shape), /health, /info, /metrics.
+"""HTTP routes: /embed and /tokenize (TEI shape), /v1/embeddings and /v1/models (OpenAI shape),
+/health, /info, /metrics.
 
 `POST /` answers as /embed, as TEI's does for an embedding model (huggingface_hub's InferenceClient
 posts there); /embeddings and /models answer as their /v1 twins, where Infinity serves them by default.
@@ -6,6 +7,7 @@ posts there); /embeddings and /models answer as their /v1 twins, where Infinity 
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hmac
 import time
@@ -29,6 +31,8 @@ from windve.api.schemas import (
     OpenAIModel,
     OpenAIModelList,
     TeiError,
+    TeiToken,
+    TokenizeRequest,
     parse,
     request_schema,
 )
@@ -99,11 +103,29 @@ _EMBED_ROUTE = {
 async def embed(request: Request) -> Response:
     async def handle() -> Response:
         body = parse(EmbedRequest, await read_json(request, _state(request).settings.max_request_bytes))
-        texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
-        vectors, _ = await _pipeline(request).embed(texts, body.normalize, body.truncate, request, "inputs")
+        vectors, _ = await _pipeline(request).embed(body.texts, body.normalize, body.truncate, request, "inputs")
         return json_response(vectors)
 
     return await _answered(request, "embed", handle, ApiError.tei_response)
+
+
+@router.post(
+    "/tokenize",
+    summary="The model's tokens of each text, untruncated (text-embeddings-inference shape)",
+    response_model=list[list[TeiToken]],
+    responses=_TEI_ERRORS,
+    openapi_extra=request_schema(TokenizeRequest),
+)
+async def tokenize(request: Request) -> Response:
+    async def handle() -> Response:
+        body = parse(TokenizeRequest, await read_json(request, _state(request).settings.max_request_bytes))
+        pipeline = _pipeline(request)
+        pipeline.check_inputs(body.texts, "inputs")
+        # A full-size body takes most of a second to tokenize: off the event loop, which serves the queues.
+        rows = await asyncio.to_thread(pipeline.runtime.tokenizer.tokens, body.texts, body.add_special_tokens)
+        return json_response(rows)
+
+    return await _answered(request, "tokenize", handle, ApiError.tei_response)
 
 
 _EMBEDDINGS_ROUTE = {

@@ -19,20 +19,35 @@ from pydantic import (
 from windve.api.errors import VALIDATION, ApiError
 
 
-class EmbedRequest(BaseModel):
-    """text-embeddings-inference's `POST /embed`."""
+class _TeiInputs(BaseModel):
+    """The texts of a TEI request, and the options TEI clients send that this service cannot honour."""
 
     model_config = ConfigDict(extra="ignore")
 
     inputs: StrictStr | list[StrictStr] = Field(description="One text or a list of texts")
+    # huggingface_hub's InferenceClient sends this; ignoring it would change the answer without a word.
+    prompt_name: None = Field(None, description="Not supported: put the prompt in front of the text")
+
+    @field_validator("prompt_name", mode="before")
+    @classmethod
+    def _no_prompts(cls, value: object) -> None:
+        if value is not None:
+            raise ValueError("prompts are not applied by this service; put the prompt in front of the text")
+        return None
+
+    @property
+    def texts(self) -> list[str]:
+        return [self.inputs] if isinstance(self.inputs, str) else self.inputs
+
+
+class EmbedRequest(_TeiInputs):
+    """text-embeddings-inference's `POST /embed`."""
+
     normalize: StrictBool = Field(True, description="Scale each embedding to unit length")
     truncate: StrictBool | None = Field(
         None, description="Cut inputs longer than the model's limit (default: the server's setting)"
     )
-    # TEI clients (huggingface_hub's InferenceClient) send these two; ignoring them would change
-    # the vectors without a word, so a value this service cannot honour is refused.
     truncation_direction: StrictStr | None = Field(None, description="Only `right`: inputs are cut at the end")
-    prompt_name: None = Field(None, description="Not supported: put the prompt in front of the text")
 
     @field_validator("truncation_direction")
     @classmethod
@@ -41,12 +56,19 @@ class EmbedRequest(BaseModel):
             raise ValueError(f"{value!r} is not supported; inputs are truncated on the right")
         return value
 
-    @field_validator("prompt_name", mode="before")
-    @classmethod
-    def _no_prompts(cls, value: object) -> None:
-        if value is not None:
-            raise ValueError("prompts are not applied by this service; put the prompt in front of the text")
-        return None
+
+class TokenizeRequest(_TeiInputs):
+    """text-embeddings-inference's `POST /tokenize`."""
+
+    add_special_tokens: StrictBool = Field(True, description="Include the model's special tokens ([CLS], [SEP])")
+
+
+class TeiToken(BaseModel):
+    id: int
+    text: str = Field(description="The text the token covers, or the special token")
+    special: bool
+    start: int | None = Field(description="Character offset into the input; null for special tokens")
+    stop: int | None
 
 
 class OpenAIEmbeddingRequest(BaseModel):
