@@ -21,8 +21,9 @@ async def never_ready(settings: Settings):
 
 def test_loading_service_answers_503_in_each_routes_shape():
     with TestClient(create_app(Settings(), start_runtime=never_ready)) as client:
-        assert client.get("/health").status_code == 503
-        assert client.get("/health").json() == {"status": "starting"}
+        for path in ("/health", "/"):
+            assert client.get(path).status_code == 503
+            assert client.get(path).json() == {"status": "starting"}
         for path in ("/embed", "/", "/tokenize"):
             tei = client.post(path, json={"inputs": "x"})
             assert tei.status_code == 503 and tei.json()["error_type"] == "unhealthy", path

@@ -164,8 +164,9 @@ def test_openai_models_lists_and_retrieves_the_served_model(client):
     assert client.get(f"/v1/models/{model['id']}").json() == model
 
 
-def test_root_post_answers_as_embed(client):
+def test_root_answers_as_embed_and_health(client):
     assert client.post("/", json={"inputs": TEXTS}).json() == client.post("/embed", json={"inputs": TEXTS}).json()
+    assert client.get("/").json() == client.get("/health").json() == {"status": "ok"}
 
 
 def test_huggingface_inference_client_given_the_base_url(server, expected, monkeypatch):

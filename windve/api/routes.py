@@ -1,8 +1,8 @@
 """HTTP routes: /embed and /tokenize (TEI shape), /v1/embeddings and /v1/models (OpenAI shape),
 /health, /info, /metrics.
 
-`POST /` answers as /embed, as TEI's does for an embedding model (huggingface_hub's InferenceClient
-posts there); /embeddings and /models answer as their /v1 twins, where Infinity serves them by default.
+`POST /` answers as /embed and `GET /` as /health, as TEI's do for an embedding model
+(huggingface_hub's InferenceClient posts there); /embeddings and /models answer as their /v1 twins, where Infinity serves them by default.
 """
 
 from __future__ import annotations
@@ -204,6 +204,7 @@ async def openai_model(request: Request, model_id: str) -> Response:
 
 
 @router.get("/health", summary="200 when every pool can serve, 503 while loading or broken")
+@router.get("/", summary="Same as /health, at the root where TEI answers it")
 async def health(request: Request) -> Response:
     state = _state(request)
     runtime = state.runtime
