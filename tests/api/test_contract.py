@@ -114,6 +114,14 @@ def test_openai_validation_errors(client, payload, param):
     assert error["message"]
 
 
+@pytest.mark.parametrize("token_ids", [[101, 2023, 102], [[101, 2023, 102], [101, 102]], 2023])
+def test_openai_token_id_input_says_to_send_texts(client, token_ids):
+    error = client.post("/v1/embeddings", json={"input": token_ids}).json()["error"]
+    assert error["param"] == "input"
+    assert "token ids are not accepted, only texts" in error["message"]
+    assert "check_embedding_ctx_length=False" in error["message"]
+
+
 def test_too_many_inputs_is_413(client):
     info = client.get("/info").json()
     limit = info["max_client_batch_size"]

@@ -82,6 +82,23 @@ class OpenAIEmbeddingRequest(BaseModel):
     dimensions: StrictInt | None = Field(None, description="Must equal the model's dimension if given")
     user: StrictStr | None = None
 
+    @field_validator("input", mode="before")
+    @classmethod
+    def _texts_not_token_ids(cls, value: object) -> object:
+        # OpenAI also takes token ids (tiktoken's); LangChain's OpenAIEmbeddings sends them by default,
+        # and they mean nothing to another model's vocabulary, so say how to send texts instead.
+        items = value if isinstance(value, list) else [value]
+        if items and all(_is_token_id(i) or (isinstance(i, list) and i and _is_token_id(i[0])) for i in items):
+            raise ValueError(
+                "token ids are not accepted, only texts (LangChain's OpenAIEmbeddings sends token ids "
+                "unless check_embedding_ctx_length=False)"
+            )
+        return value
+
+
+def _is_token_id(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
 
 class OpenAIEmbedding(BaseModel):
     object: Literal["embedding"] = "embedding"
