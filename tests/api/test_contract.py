@@ -269,6 +269,10 @@ def test_health_info_metrics(client):
     assert info["slo_seconds"] == 1.0
     assert info["pools"][0]["name"] == "cpu" and info["pools"][0]["depth"] >= 1
     assert info["version"]
+    tei_keys = {"model_id", "model_sha", "model_dtype", "max_input_length", "max_client_batch_size", "auto_truncate"}
+    assert tei_keys <= set(info)
+    assert info["model_id"] == info["model"]["id"] and info["max_input_length"] == 256
+    assert info["model_type"] == {"embedding": {"pooling": "mean"}} and info["auto_truncate"] is True
     client.post("/embed", json={"inputs": "count me"})
     metrics = client.get("/metrics").text
     for name in (

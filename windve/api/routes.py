@@ -241,6 +241,15 @@ async def info(request: Request) -> Response:
     }
     if runtime is not None:
         spec = runtime.spec
+        # TEI's /info keys, for clients that read a TEI server's limits from there.
+        body.update(
+            model_id=spec.name,
+            model_sha=spec.revision,
+            model_dtype=runtime.dtype,
+            model_type={"embedding": {"pooling": spec.pooling}},
+            max_input_length=runtime.tokenizer.max_tokens,
+            auto_truncate=settings.truncate,
+        )
         body["model"] = {
             "id": spec.name,
             "revision": spec.revision,
