@@ -2,7 +2,8 @@
 /health, /info, /metrics.
 
 `POST /` answers as /embed and `GET /` as /health, as TEI's do for an embedding model
-(huggingface_hub's InferenceClient posts there); /embeddings and /models answer as their /v1 twins, where Infinity serves them by default.
+(huggingface_hub's InferenceClient posts there); /embeddings and /models answer as their /v1
+twins, where Infinity serves them by default.
 """
 
 from __future__ import annotations
