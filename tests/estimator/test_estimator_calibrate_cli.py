@@ -42,7 +42,7 @@ def test_help_states_each_default_once_and_only_real_ones(capsys) -> None:
     text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines anywhere
     assert "(default: None)" not in text and "(default: False)" not in text
     assert ") (default:" not in text  # a default stated twice
-    for option, default in [("--rounds ROUNDS", "5"), ("--step STEP", "8"), ("--headroom HEADROOM", "0.1"),
+    for option, default in [("--rounds ROUNDS", "5"), ("--step STEP", "8"), ("--headroom HEADROOM", "0.15"),
                             ("--max-concurrency MAX_CONCURRENCY", "256"), ("--out OUT", "calibration.json")]:
         option_help = text.split(f" {option} ", 1)[1].split(" --", 1)[0]
         assert f"(default: {default}" in option_help, option

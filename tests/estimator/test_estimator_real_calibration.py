@@ -2,7 +2,9 @@
 
 The estimate (with the default headroom, as `windve calibrate` computes it) must hold in a
 closed-loop run: at the estimated depth the tail meets the SLO, at 1.5x the depth it does
-not. A short SLO keeps the run quick.
+not. The SLO is the service's default, 1 s: at shorter ones the depth falls near one full batch
+per worker (64 here), where a round's tail jumps by up to 40 % with how its queries split into
+batches.
 
 This machine runs in two states, the slow one ~25% slower, for seconds at a time (the
 README's calibration section has the figures). A check in another state than its profile
@@ -30,7 +32,7 @@ from estimator.rounds import measure_interleaved
 from tests.estimator.cli_runner import run_cli
 
 
-SLO = 0.4
+SLO = 1.0
 TOKENS = 75
 CHECK_ROUNDS = 6
 ATTEMPTS = 6  # 9 of 20 attempts here met another state; six in a row, if independent: 0.45**6 < 1%
