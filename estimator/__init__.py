@@ -24,7 +24,15 @@ from estimator.calibration import (
     load_calibration,
     save_calibration,
 )
-from estimator.fit import DEFAULT_HEADROOM, LengthFit, LinearFit, decide_depth, depth_for_slo, fit_linear, token_budget_for_slo
+from estimator.fit import (
+    DEFAULT_HEADROOM,
+    LengthFit,
+    LinearFit,
+    decide_depth,
+    depth_for_slo,
+    fit_linear,
+    token_budget_for_slo,
+)
 from estimator.pipeline import CalibrationOptions, CalibrationRunError, calibrate_pools
 from estimator.rounds import LevelSample, MakeQuery, Progress, Submit
 

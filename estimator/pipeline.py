@@ -13,7 +13,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from estimator.calibration import Calibration, ModelIdentity, PoolCalibration, SloDepth
-from estimator.fit import DEFAULT_HEADROOM, LengthFit, LinearFit, decide_depth, fit_length_aware, fit_linear, token_budget_for_slo
+from estimator.fit import (
+    DEFAULT_HEADROOM,
+    LengthFit,
+    LinearFit,
+    decide_depth,
+    fit_length_aware,
+    fit_linear,
+    token_budget_for_slo,
+)
 from estimator.profile import Profile, finite_samples, profile_pool
 from estimator.recheck import recheck_speed
 from estimator.rounds import LevelSample, MakeQuery, ProgressHook, Submit

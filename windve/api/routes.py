@@ -13,8 +13,10 @@ import base64
 import hmac
 import time
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from fastapi import APIRouter
+from pydantic import BaseModel
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.requests import Request
 from starlette.responses import Response
@@ -40,6 +42,8 @@ from windve.api.schemas import (
 
 router = APIRouter()
 
+BodyModel = TypeVar("BodyModel", bound=BaseModel)
+
 CLIENT_CLOSED = 499  # nginx's code: nobody reads it, but logs and metrics say what happened
 
 _TEI_ERRORS = {code: {"model": TeiError} for code in (401, 413, 422, 429, 503)}
@@ -59,6 +63,11 @@ def check_api_key(request: Request) -> None:
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected.encode()):
         raise ApiError(401, "missing or wrong API key: send `Authorization: Bearer <key>`", UNAUTHORIZED)
+
+
+async def _request_body(request: Request, model: type[BodyModel]) -> BodyModel:
+    """The JSON body, within the size limit, validated as `model` (a 413 or 422 ApiError if not)."""
+    return parse(model, await read_json(request, _state(request).settings.max_request_bytes))
 
 
 def _pipeline(request: Request) -> EmbeddingPipeline:
@@ -103,7 +112,7 @@ _EMBED_ROUTE = {
 @router.post("/", summary="Same as /embed: where TEI clients given only a base URL post", **_EMBED_ROUTE)
 async def embed(request: Request) -> Response:
     async def handle() -> Response:
-        body = parse(EmbedRequest, await read_json(request, _state(request).settings.max_request_bytes))
+        body = await _request_body(request, EmbedRequest)
         vectors, _ = await _pipeline(request).embed(body.texts, body.normalize, body.truncate, request, "inputs")
         return json_response(vectors)
 
@@ -119,7 +128,7 @@ async def embed(request: Request) -> Response:
 )
 async def tokenize(request: Request) -> Response:
     async def handle() -> Response:
-        body = parse(TokenizeRequest, await read_json(request, _state(request).settings.max_request_bytes))
+        body = await _request_body(request, TokenizeRequest)
         pipeline = _pipeline(request)
         pipeline.check_inputs(body.texts, "inputs")
         # A full-size body takes most of a second to tokenize: off the event loop, which serves the queues.
@@ -140,7 +149,7 @@ _EMBEDDINGS_ROUTE = {
 @router.post("/embeddings", summary="Same as /v1/embeddings, at Infinity's default path", **_EMBEDDINGS_ROUTE)
 async def openai_embeddings(request: Request) -> Response:
     async def handle() -> Response:
-        body = parse(OpenAIEmbeddingRequest, await read_json(request, _state(request).settings.max_request_bytes))
+        body = await _request_body(request, OpenAIEmbeddingRequest)
         pipeline = _pipeline(request)
         spec = pipeline.runtime.spec
         if body.dimensions is not None and body.dimensions != spec.dim:
@@ -148,8 +157,7 @@ async def openai_embeddings(request: Request) -> Response:
                 422, f"dimensions={body.dimensions} is not supported: {spec.name} has {spec.dim}", "validation",
                 param="dimensions",
             )
-        texts = [body.input] if isinstance(body.input, str) else body.input
-        vectors, tokens = await pipeline.embed(texts, spec.normalize, None, request, "input")
+        vectors, tokens = await pipeline.embed(body.texts, spec.normalize, None, request, "input")
         if body.encoding_format == "base64":
             items = [base64.b64encode(row.astype("<f4").tobytes()).decode() for row in vectors]
         else:

@@ -19,6 +19,11 @@ from pydantic import (
 from windve.api.errors import VALIDATION, ApiError
 
 
+def as_list(texts: str | list[str]) -> list[str]:
+    """Both APIs take one text or a list of them."""
+    return [texts] if isinstance(texts, str) else texts
+
+
 class _TeiInputs(BaseModel):
     """The texts of a TEI request, and the options TEI clients send that this service cannot honour."""
 
@@ -37,7 +42,7 @@ class _TeiInputs(BaseModel):
 
     @property
     def texts(self) -> list[str]:
-        return [self.inputs] if isinstance(self.inputs, str) else self.inputs
+        return as_list(self.inputs)
 
 
 class EmbedRequest(_TeiInputs):
@@ -81,6 +86,10 @@ class OpenAIEmbeddingRequest(BaseModel):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: StrictInt | None = Field(None, description="Must equal the model's dimension if given")
     user: StrictStr | None = None
+
+    @property
+    def texts(self) -> list[str]:
+        return as_list(self.input)
 
     @field_validator("input", mode="before")
     @classmethod
