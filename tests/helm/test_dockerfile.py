@@ -87,6 +87,9 @@ def test_image_pins_the_tested_torch_and_onnxruntime() -> None:
     args = dict(re.findall(r"^(\w+)=(\S+)$", declared, re.M))
     assert args["TORCH_VERSION"] == version("torch").split("+")[0]
     assert args["ONNXRUNTIME_VERSION"] == version("onnxruntime")
+    # The project pins the same version, so that a fresh install tests what the image runs.
+    dependencies = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert f"onnxruntime=={args['ONNXRUNTIME_VERSION']}" in dependencies
 
 
 def test_cpu_variant_takes_the_cpu_wheel_and_cuda_the_pypi_one() -> None:
