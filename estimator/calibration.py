@@ -99,6 +99,7 @@ class Calibration:
     headroom: float = 0.0  # depths aim at SLO*(1 - headroom)
     fine_tune: tuple[FineTuneResult, ...] = ()
     cpu_layout: LayoutRecord | None = None
+    scout_rounds: int | None = None  # None: written before levels were scouted (all had `rounds`)
     created: str = field(default_factory=_now)
     schema_version: int = SCHEMA_VERSION
 
@@ -149,6 +150,8 @@ def _semantic_problems(calibration: Calibration) -> list[str]:
         problems.append(f"slos must be a non-empty list of positive seconds (got {list(calibration.slos)})")
     if calibration.query_tokens < 1 or calibration.rounds < 1:
         problems.append("query_tokens and rounds must be >= 1")
+    if calibration.scout_rounds is not None and calibration.scout_rounds < 1:
+        problems.append("scout_rounds must be >= 1")
     if not 0 <= calibration.headroom < 1:
         problems.append(f"headroom must be in [0, 1) (got {calibration.headroom})")
     if not calibration.pools:

@@ -107,10 +107,21 @@ class DepthDecision:
     capped: bool = False
 
 
-def _nonnegative_least_squares(columns: np.ndarray, latency: np.ndarray) -> tuple[np.ndarray, float]:
-    model = LinearRegression(positive=True, fit_intercept=False).fit(columns, latency)
+def _nonnegative_least_squares(
+    columns: np.ndarray, latency: np.ndarray, weights: np.ndarray | None
+) -> tuple[np.ndarray, float]:
+    model = LinearRegression(positive=True, fit_intercept=False).fit(columns, latency, sample_weight=weights)
     coefficients = np.clip(model.coef_, 0.0, None)  # the solver may return -0.0
-    return coefficients, float(r2_score(latency, columns @ coefficients))
+    return coefficients, float(r2_score(latency, columns @ coefficients, sample_weight=weights))
+
+
+def _as_weights(weights: Sequence[float] | None, count: int) -> np.ndarray | None:
+    if weights is None:
+        return None
+    array = _as_samples("weights", weights)
+    if len(array) != count or np.any(array <= 0):
+        raise ValueError(f"weights must be {count} positive numbers, one per sample")
+    return array
 
 
 def _as_samples(name: str, values: Sequence[float]) -> np.ndarray:
@@ -122,8 +133,13 @@ def _as_samples(name: str, values: Sequence[float]) -> np.ndarray:
     return array
 
 
-def fit_linear(concurrency: Sequence[float], latency: Sequence[float]) -> LinearFit:
-    """Fit t = alpha*C + beta with alpha, beta >= 0; needs two or more distinct concurrencies."""
+def fit_linear(
+    concurrency: Sequence[float], latency: Sequence[float], weights: Sequence[float] | None = None
+) -> LinearFit:
+    """Fit t = alpha*C + beta with alpha, beta >= 0; needs two or more distinct concurrencies.
+
+    `weights` (e.g. each level's rounds) make better-measured levels count for more.
+    """
     c = _as_samples("concurrency", concurrency)
     t = _as_samples("latency", latency)
     if len(c) != len(t):
@@ -132,12 +148,16 @@ def fit_linear(concurrency: Sequence[float], latency: Sequence[float]) -> Linear
         raise ValueError("a linear fit needs samples at two or more different concurrency levels")
     if np.any(c <= 0) or np.any(t < 0):
         raise ValueError("concurrency must be positive and latency non-negative")
-    (alpha, beta), r2 = _nonnegative_least_squares(np.column_stack([c, np.ones_like(c)]), t)
+    columns = np.column_stack([c, np.ones_like(c)])
+    (alpha, beta), r2 = _nonnegative_least_squares(columns, t, _as_weights(weights, len(c)))
     return LinearFit(alpha=float(alpha), beta=float(beta), r2=r2, points=len(c))
 
 
 def fit_length_aware(
-    concurrency: Sequence[float], length: Sequence[float], latency: Sequence[float]
+    concurrency: Sequence[float],
+    length: Sequence[float],
+    latency: Sequence[float],
+    weights: Sequence[float] | None = None,
 ) -> LengthFit:
     """Fit t = C*(a*L + q*L^2 + b) + c with a, q, b, c >= 0 (q = 0 with fewer than three lengths).
 
@@ -154,7 +174,9 @@ def fit_length_aware(
         raise ValueError("concurrency and length must be positive and latency non-negative")
     attention = c * n * n if len(np.unique(n)) >= 3 else np.zeros_like(c)
     columns = np.column_stack([c * n, attention, c, np.ones_like(c)])
-    (per_token, per_token_squared, per_query, constant), r2 = _nonnegative_least_squares(columns, t)
+    (per_token, per_token_squared, per_query, constant), r2 = _nonnegative_least_squares(
+        columns, t, _as_weights(weights, len(c))
+    )
     return LengthFit(
         per_token=float(per_token),
         per_query=float(per_query),

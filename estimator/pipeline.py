@@ -19,10 +19,9 @@ from estimator.fit import (
     LinearFit,
     decide_depth,
     fit_length_aware,
-    fit_linear,
     token_budget_for_slo,
 )
-from estimator.profile import Profile, finite_samples, profile_pool
+from estimator.profile import Profile, finite_samples, fit_samples, profile_pool
 from estimator.recheck import recheck_speed
 from estimator.rounds import LevelSample, MakeQuery, ProgressHook, Submit
 from estimator.stress import FineTuneResult, StressResult, fine_tune, stress_test
@@ -37,6 +36,7 @@ class CalibrationOptions:
     slos: tuple[float, ...] = (1.0,)
     query_tokens: int = 75
     rounds: int = 5
+    scout_rounds: int = 1  # rounds of the levels far below the SLO (estimator.profile)
     max_concurrency: int = 256  # also caps every depth: nothing beyond it was measured
     stress_step: int | None = None  # None: no stress test
     fine_tune: bool = False
@@ -48,21 +48,24 @@ class CalibrationOptions:
 
 
 def fit_profile(pool: str, samples: tuple[LevelSample, ...] | list[LevelSample]) -> LinearFit:
-    usable = finite_samples(samples)
-    if len({sample.concurrency for sample in usable}) < 2:
+    fit = fit_samples(samples)
+    if fit is None:
         errors = [sample.first_error for sample in samples if sample.first_error]
         why = f"; first error: {errors[0]}" if errors else ""
         raise CalibrationRunError(
             f"pool {pool}: fewer than two concurrency levels had an answered tail, nothing to fit{why}"
         )
-    return fit_linear([s.concurrency for s in usable], [s.p95 for s in usable])
+    return fit
 
 
 def _fit_lengths(samples: list[LevelSample]) -> LengthFit | None:
     usable = finite_samples(samples)
     if len({s.tokens for s in usable}) < 2:
         return None
-    return fit_length_aware([s.concurrency for s in usable], [s.tokens for s in usable], [s.p95 for s in usable])
+    return fit_length_aware(
+        [s.concurrency for s in usable], [s.tokens for s in usable], [s.p95 for s in usable],
+        weights=[s.rounds for s in usable],
+    )
 
 
 class _PoolCalibrator:
@@ -79,6 +82,7 @@ class _PoolCalibrator:
             max(o.slos),
             query_tokens=tokens,
             rounds=o.rounds,
+            scout_rounds=o.scout_rounds,
             max_concurrency=o.max_concurrency,
             request_timeout=o.request_timeout,
             pool=name,
@@ -188,6 +192,7 @@ async def calibrate_pools(
         slos=tuple(options.slos),
         query_tokens=options.query_tokens,
         rounds=options.rounds,
+        scout_rounds=options.scout_rounds,
         headroom=options.headroom,
         pools=results,
         fine_tune=tuple(tuned),

@@ -24,9 +24,19 @@ def _finite(values: list[float]) -> np.ndarray:
 
 def _draw_pool(axes, name: str, pool: PoolCalibration, query_tokens: int) -> None:
     concurrency = [s.concurrency for s in pool.samples]
-    p95 = _finite([s.p95 for s in pool.samples])
     worst = _finite([s.max for s in pool.samples])
-    axes.scatter(concurrency, p95, color="tab:blue", label="p95 (profiled)", zorder=3)
+    most = max(s.rounds for s in pool.samples)
+    full = [s for s in pool.samples if s.rounds == most]
+    scouted = [s for s in pool.samples if s.rounds < most]
+    axes.scatter(
+        [s.concurrency for s in full], _finite([s.p95 for s in full]), color="tab:blue", label="p95 (profiled)",
+        zorder=3,
+    )
+    if scouted:
+        axes.scatter(
+            [s.concurrency for s in scouted], _finite([s.p95 for s in scouted]), color="tab:cyan", marker="s",
+            label="p95 (scouted, fewer rounds)", zorder=3,
+        )
     axes.scatter(concurrency, worst, facecolors="none", edgecolors="tab:blue", label="max", zorder=3)
     if pool.stress is not None:
         axes.scatter(

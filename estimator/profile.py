@@ -1,19 +1,33 @@
 """Profile one pool: closed-loop rounds at rising concurrency until the tail passes the SLO.
 
-Levels double (1, 2, 4, ...) while the fit so far says the SLO is far away. Once the
-doubling would pass the predicted crossing, the next level is aimed just past it instead
-(`overshoot`), so that the last, most expensive points sit right at the boundary where the
-depth is read off, and no level costs much more than the SLO itself.
+While the fit so far says the SLO is far away, levels grow by `growth` (1, 4, 16, ...) and
+are scouted with `scout_rounds` rounds: they only find the slope and where to aim. Once the
+next growth step would pass the predicted crossing, the next level is aimed just past it
+(`overshoot`) and measured with the full `rounds`, so that the expensive, well-measured
+points sit at the boundary where the depth is read off. The first level (one query) gets
+the full rounds too: it is cheap and anchors the intercept. Levels are weighted by their
+rounds in every fit.
+
+Why scout at all: a level costs its rounds times its latency, and the levels below the
+crossing add up to about as much as the crossing level itself. Measuring them with one
+round instead of five halves a profile, which is what lets the estimate cost under a
+quarter of a step-8 stress test on shallow pools too (the stress test's cost grows with
+the square of the depth, the profile's only linearly).
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from estimator.fit import fit_linear
+from estimator.fit import LinearFit, fit_linear
 from estimator.rounds import LevelSample, MakeQuery, ProgressHook, Submit, measure_level, warm_up
+
+# Stop after this many levels whatever happens: every plan below makes progress, this only
+# bounds a pool whose latency jumps about so much that the aim keeps moving.
+MAX_LEVELS = 32
 
 
 @dataclass(frozen=True)
@@ -23,23 +37,48 @@ class Profile:
     stop_reason: str
 
 
-def finite_samples(samples: tuple[LevelSample, ...] | list[LevelSample]) -> list[LevelSample]:
+@dataclass(frozen=True)
+class NextLevel:
+    concurrency: int
+    scout: bool  # far below the predicted crossing: a cheap look, measured with fewer rounds
+
+
+def finite_samples(samples: Sequence[LevelSample]) -> list[LevelSample]:
     return [sample for sample in samples if math.isfinite(sample.p95)]
 
 
-def next_level(samples: list[LevelSample], slo: float, overshoot: float) -> int:
-    """Double, or aim just past the SLO crossing the fit predicts if that comes sooner."""
-    current = samples[-1].concurrency
+def fit_samples(samples: Sequence[LevelSample]) -> LinearFit | None:
+    """The weighted fit of the answered levels; None with fewer than two distinct levels."""
     usable = finite_samples(samples)
     if len({sample.concurrency for sample in usable}) < 2:
-        return current * 2
-    fit = fit_linear([s.concurrency for s in usable], [s.p95 for s in usable])
-    if fit.alpha <= 0:
-        return current * 2
-    crossing = (slo - fit.beta) / fit.alpha
-    aimed = math.ceil(crossing * (1 + overshoot))
-    # A pessimistic fit (crossing below a level that still met) must still make progress.
-    return max(math.ceil(current * 1.25), min(aimed, current * 2))
+        return None
+    return fit_linear(
+        [s.concurrency for s in usable], [s.p95 for s in usable], weights=[s.rounds for s in usable]
+    )
+
+
+def next_level(samples: Sequence[LevelSample], slo: float, overshoot: float, growth: int = 4) -> NextLevel:
+    """Grow and scout while the SLO is far; else aim just past the predicted crossing.
+
+    The aim never falls back to a level that already met (a pessimistic fit must still make
+    progress: at least 1.25x the deepest level that met) and never goes beyond the lowest
+    level above it that missed (a scout that missed is measured again with full rounds).
+    """
+    current = samples[-1].concurrency
+    deepest_met = max((s.concurrency for s in samples if s.meets(slo)), default=0)
+    missed_above = [s.concurrency for s in samples if not s.meets(slo) and s.concurrency > deepest_met]
+    fit = fit_samples(samples)
+    if fit is None or fit.alpha <= 0:
+        if missed_above:
+            return NextLevel(max(deepest_met + 1, min(missed_above) // 2) if deepest_met else current * 2, False)
+        return NextLevel(current * growth, True)
+    aimed = math.ceil((slo - fit.beta) / fit.alpha * (1 + overshoot))
+    if not missed_above and aimed > current * growth:
+        return NextLevel(current * growth, True)
+    level = max(aimed, math.ceil(deepest_met * 1.25), deepest_met + 1)
+    if missed_above:
+        level = min(level, min(missed_above))
+    return NextLevel(level, False)
 
 
 async def profile_pool(
@@ -49,6 +88,8 @@ async def profile_pool(
     *,
     query_tokens: int = 75,
     rounds: int = 5,
+    scout_rounds: int = 1,
+    growth: int = 4,
     max_concurrency: int = 256,
     min_levels: int = 2,
     overshoot: float = 0.05,
@@ -58,32 +99,35 @@ async def profile_pool(
     stage: str = "profile",
     progress: ProgressHook | None = None,
 ) -> Profile:
-    """Measure levels until one's p95 exceeds `slo` (after at least `min_levels` levels)."""
-    if slo <= 0 or rounds < 1 or max_concurrency < 1 or query_tokens < 1:
-        raise ValueError("slo, rounds, max_concurrency and query_tokens must be positive")
+    """Measure levels until one measured with full rounds misses `slo` (after `min_levels` levels)."""
+    if slo <= 0 or rounds < 1 or scout_rounds < 1 or max_concurrency < 1 or query_tokens < 1 or growth < 2:
+        raise ValueError("slo, rounds, scout_rounds, max_concurrency and query_tokens must be positive, growth >= 2")
     started = time.perf_counter()
     await warm_up(submit, make_query, query_tokens, min(warmup_concurrency, max_concurrency), request_timeout)
     samples: list[LevelSample] = []
-    concurrency = 1
-    while True:
+    plan = NextLevel(1, scout=False)
+    reason = f"measured {MAX_LEVELS} levels without settling"
+    for _ in range(MAX_LEVELS):
+        # The deepest level allowed is always measured in full: the profile may end there.
+        scout = plan.scout and plan.concurrency < max_concurrency
         sample = await measure_level(
             submit,
             make_query,
-            concurrency,
+            plan.concurrency,
             query_tokens,
-            rounds,
+            min(scout_rounds, rounds) if scout else rounds,
             timeout=request_timeout,
             stage=stage,
             pool=pool,
             progress=progress,
         )
         samples.append(sample)
-        enough = len(samples) >= min_levels
-        if enough and not sample.meets(slo):
-            reason = f"p95 {sample.p95:.3f} s > SLO {slo:g} s at C={concurrency}"
+        if not scout and len(samples) >= min_levels and not sample.meets(slo):
+            reason = f"p95 {sample.p95:.3f} s > SLO {slo:g} s at C={plan.concurrency}"
             break
-        if concurrency >= max_concurrency:
+        if not scout and plan.concurrency >= max_concurrency:
             reason = f"reached max concurrency {max_concurrency} within the SLO"
             break
-        concurrency = min(max_concurrency, next_level(samples, slo, overshoot))
+        plan = next_level(samples, slo, overshoot, growth)
+        plan = NextLevel(min(max_concurrency, plan.concurrency), plan.scout)
     return Profile(tuple(samples), time.perf_counter() - started, reason)

@@ -59,8 +59,12 @@ def format_report(calibration: Calibration) -> str:
                 ]
             )
     aim = f", aiming at {1 - calibration.headroom:.0%} of the SLO" if calibration.headroom else ""
+    scouted = calibration.scout_rounds
+    per_level = f"{calibration.rounds} rounds per level" + (
+        f" ({scouted} per scouted level)" if scouted is not None and scouted < calibration.rounds else ""
+    )
     lines = [
-        f"Queue depths (queries of {calibration.query_tokens} tokens, {calibration.rounds} rounds per level{aim}) "
+        f"Queue depths (queries of {calibration.query_tokens} tokens, {per_level}{aim}) "
         f"for {calibration.model.name} on {calibration.hardware_fingerprint}",
         *_table(header, rows),
         "",

@@ -13,10 +13,10 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from estimator.fit import DEFAULT_HEADROOM, LinearFit, decide_depth
+from estimator.fit import DEFAULT_HEADROOM, LinearFit, decide_depth, fit_linear
 from estimator.layouts import choose_layout
 from estimator.pipeline import fit_profile
-from estimator.profile import profile_pool
+from estimator.profile import NextLevel, fit_samples, next_level, profile_pool
 from estimator.rounds import LevelSample, Progress, measure_interleaved, measure_level
 from estimator.simulated import ServiceTime, SimulatedPool, constant_query
 from estimator.stress import fine_tune, monotone_depth, stress_test
@@ -99,7 +99,7 @@ def test_warm_up_probe_of_a_pool_too_slow_for_the_slo_still_serves_one_query() -
     assert source.depth == 1 and "unusable" in source.detail["reason"]
 
 
-def test_profile_estimate_is_close_to_the_analytic_optimum() -> None:
+def test_profile_scouts_far_levels_and_measures_the_aimed_one_in_full() -> None:
     events: list[Progress] = []
 
     async def body(pool: SimulatedPool):
@@ -107,27 +107,84 @@ def test_profile_estimate_is_close_to_the_analytic_optimum() -> None:
 
     profile = asyncio.run(_with_pool(SERVICE, body))
     levels = [s.concurrency for s in profile.samples]
-    assert levels[:4] == [1, 2, 4, 8] and levels == sorted(set(levels))
+    assert levels[:3] == [1, 4, 16] and levels == sorted(set(levels))
+    # One query in full (it anchors the intercept), the growth levels scouted with one round,
+    # the last level, aimed at the crossing, in full.
+    assert [s.rounds for s in profile.samples] == [3] + [1] * (len(levels) - 2) + [3]
     assert all(s.meets(SLO) for s in profile.samples[:-1]) and not profile.samples[-1].meets(SLO)
     assert "> SLO" in profile.stop_reason
     optimum = SERVICE.optimum_depth(SLO, TOKENS)
-    # The last level is aimed just past the predicted crossing, not a blind doubling.
-    assert levels[-1] < 1.3 * optimum
+    # The last level is aimed just past the predicted crossing, not a blind growth step.
+    assert optimum < levels[-1] < 1.3 * optimum
     fit = fit_profile("sim", profile.samples)
     assert fit.r2 > 0.98
     assert close_to(decide_depth(fit, SLO, cap=256).depth, optimum)
     # One progress event per round, the level's sample on its last round.
-    assert len(events) == 3 * len(levels)
+    assert len(events) == sum(s.rounds for s in profile.samples)
     finished = [e.sample for e in events if e.sample is not None]
     assert [s.concurrency for s in finished] == levels and all(e.pool == "sim" for e in events)
 
 
+def test_a_scout_past_the_slo_does_not_end_the_profile() -> None:
+    # Batches of 4 that cost the same whatever they hold: one query and four take equally
+    # long, so the first fit sees no slope and scouts 16 (four batches), which misses.
+    flat_batches = ServiceTime(per_batch=0.01, per_query=0.0001, max_batch_size=4)
+
+    async def body(pool: SimulatedPool):
+        return await profile_pool(pool.submit, constant_query, 0.03, rounds=3)
+
+    profile = asyncio.run(_with_pool(flat_batches, body))
+    shape = [(s.concurrency, s.rounds, s.meets(0.03)) for s in profile.samples]
+    assert shape[:3] == [(1, 3, True), (4, 1, True), (16, 1, False)]
+    # Then the aim falls between what met and what missed, measured in full.
+    assert all(rounds == 3 and 4 < level <= 16 for level, rounds, _ in shape[3:])
+    assert not profile.samples[-1].meets(0.03) and "> SLO" in profile.stop_reason
+
+
+def _sample(concurrency: int, p95: float, rounds: int = 1) -> LevelSample:
+    return LevelSample(concurrency=concurrency, tokens=TOKENS, rounds=rounds, p95=p95, max=p95)
+
+
+def test_next_level_scouts_by_the_growth_factor_while_the_slo_is_far() -> None:
+    far = [_sample(1, 0.010, rounds=5), _sample(4, 0.013)]  # 1 ms per query: crossing ~1000
+    assert next_level(far, 1.0, overshoot=0.05) == NextLevel(16, scout=True)
+    assert next_level(far, 1.0, overshoot=0.05, growth=2) == NextLevel(8, scout=True)
+
+
+def test_next_level_aims_just_past_the_predicted_crossing_once_it_is_in_reach() -> None:
+    near = [_sample(1, 0.011, rounds=5), _sample(4, 0.014), _sample(16, 0.026), _sample(64, 0.074)]
+    fit = fit_samples(near)
+    assert fit is not None
+    crossing = (0.2 - fit.beta) / fit.alpha
+    plan = next_level(near, 0.2, overshoot=0.05)
+    assert not plan.scout and plan.concurrency == math.ceil(crossing * 1.05) and 64 < plan.concurrency < 256
+
+
+def test_next_level_never_aims_below_what_met_nor_above_what_missed() -> None:
+    # A pessimistic fit (its crossing below a level that met) still moves on by 1.25x.
+    met_past_the_fit = [_sample(1, 0.05, rounds=5), _sample(100, 0.9, rounds=5), _sample(110, 0.5, rounds=5)]
+    assert next_level(met_past_the_fit, 0.8, overshoot=0.05) == NextLevel(138, scout=False)
+    # A scout that missed caps the aim: at most it is measured again in full.
+    scout_missed = [_sample(1, 0.01, rounds=5), _sample(4, 0.011), _sample(16, 0.5)]
+    plan = next_level(scout_missed, 0.03, overshoot=0.05)
+    assert not plan.scout and 4 < plan.concurrency <= 16
+
+
+def test_fits_weigh_each_level_by_its_rounds() -> None:
+    samples = [_sample(1, 0.01, rounds=5), _sample(50, 0.30), _sample(100, 0.50, rounds=5)]
+    weighted, unweighted = fit_samples(samples), fit_linear([1, 50, 100], [0.01, 0.30, 0.50])
+    assert weighted is not None
+    # The scouted middle level pulls the unweighted line more than the weighted one.
+    assert abs(weighted.predict(100) - 0.50) < abs(unweighted.predict(100) - 0.50)
+
+
 def test_profile_stops_at_max_concurrency_when_the_slo_is_never_reached() -> None:
     async def body(pool: SimulatedPool):
-        return await profile_pool(pool.submit, constant_query, 5.0, rounds=1, max_concurrency=12)
+        return await profile_pool(pool.submit, constant_query, 5.0, rounds=2, max_concurrency=12)
 
     profile = asyncio.run(_with_pool(SERVICE, body))
-    assert [s.concurrency for s in profile.samples] == [1, 2, 4, 8, 12]
+    # The deepest level allowed is measured in full: the profile ends there.
+    assert [(s.concurrency, s.rounds) for s in profile.samples] == [(1, 2), (4, 1), (12, 2)]
     assert "max concurrency 12" in profile.stop_reason
 
 
@@ -164,10 +221,12 @@ def test_refused_requests_count_as_misses_and_stop_the_profile() -> None:
         return await profile_pool(_Refusing(pool, 10).submit, constant_query, 1.0, rounds=2)
 
     profile = asyncio.run(_with_pool(SERVICE, body))
+    # The scout at 16 is refused in part; measured again in full, it ends the profile.
+    assert [(s.concurrency, s.rounds, s.failures) for s in profile.samples] == [
+        (1, 2, 0), (4, 1, 0), (16, 1, 6), (16, 2, 2 * 6)
+    ]
     last = profile.samples[-1]
-    assert last.concurrency == 16 and last.failures == 2 * 6 and math.isinf(last.p95)
-    assert "429" in (last.first_error or "")
-    assert all(s.failures == 0 for s in profile.samples[:-1])
+    assert math.isinf(last.p95) and "429" in (last.first_error or "")
 
 
 def test_stress_test_finds_the_last_step_within_each_slo() -> None:
@@ -229,26 +288,32 @@ def test_monotone_depth_counts_failed_levels_as_misses() -> None:
 def test_fine_tune_moves_both_pools_to_their_optima() -> None:
     fast = ServiceTime(per_batch=0.001, per_query=0.0012, max_batch_size=16)
     opt_fast, opt_slow = fast.optimum_depth(SLO, TOKENS), SERVICE.optimum_depth(SLO, TOKENS)
+    # Both start outside close_to's margin, so that ending inside it means they moved.
+    start = {"accelerator": opt_fast - 15, "cpu": opt_slow + 10}
 
     async def body():
         a, b = SimulatedPool(fast), SimulatedPool(SERVICE)
         try:
             return await fine_tune(
-                {"accelerator": a.submit, "cpu": b.submit},
-                constant_query,
-                SLO,
-                {"accelerator": opt_fast - 3, "cpu": opt_slow + 3},
-                rounds=2,
-                max_steps=8,
+                {"accelerator": a.submit, "cpu": b.submit}, constant_query, SLO, start, rounds=1, max_steps=16
             )
         finally:
             await a.close()
             await b.close()
 
     result = asyncio.run(body())
-    assert result.start == {"accelerator": opt_fast - 3, "cpu": opt_slow + 3}
-    assert abs(result.depths["accelerator"] - opt_fast) <= 2
-    assert abs(result.depths["cpu"] - opt_slow) <= 2
+    assert result.start == start
+    fast_depth, slow_depth = result.depths["accelerator"], result.depths["cpu"]
+    # Each stops where its own trials say C meets and C+1 misses. The levels just below each
+    # optimum meet by only 1-9 ms here, so a scheduling hiccup of the shared machine may stop
+    # a pool a few levels short: close_to's margin allows for that.
+    assert close_to(fast_depth, opt_fast) and close_to(slow_depth, opt_slow)
+    seen: dict[tuple[int, int], dict[str, float]] = {}
+    for trial in result.trials:  # the first trial at each pair of depths decided the move
+        seen.setdefault((trial.depths["accelerator"], trial.depths["cpu"]), trial.p95)
+    fast_alone = {depth: p95["accelerator"] for (depth, cpu), p95 in seen.items() if cpu == start["cpu"]}
+    assert fast_alone[fast_depth] <= SLO < fast_alone[fast_depth + 1]
+    assert seen[(fast_depth, slow_depth)]["cpu"] <= SLO < seen[(fast_depth, slow_depth + 1)]["cpu"]
     # Both pools were loaded together in every trial.
     assert all(set(trial.p95) == {"accelerator", "cpu"} for trial in result.trials)
 

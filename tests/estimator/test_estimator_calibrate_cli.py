@@ -23,6 +23,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
         (["--slo", "-1"], "--slo must be > 0"),
         (["--slo", "fast"], "--slo must be a number, got 'fast'"),
         (["--rounds", "0"], "--rounds must be > 0"),
+        (["--scout-rounds", "0"], "--scout-rounds must be > 0"),
         (["--pools", "gpu"], "unknown pool gpu: choose from accelerator, cpu"),
         (["--lengths", "75"], "--lengths needs two or more token counts"),
         (["--step", "1.5"], "--step must be a number"),
@@ -58,6 +59,7 @@ def test_help_states_each_default_once_and_only_real_ones(capsys) -> None:
         (["--out", "{tmp}/same", "--plot", "{tmp}/same"], "--out and --plot name the same file"),
         (["--query-tokens", "100000"], "query length 100000 is outside 3..256 tokens"),
         (["--lengths", "2,75"], "query length 2 is outside 3..256"),
+        (["--rounds", "2", "--scout-rounds", "3"], "--scout-rounds 3 is more than --rounds 2"),
         (["--url", "ftp://host"], "--url must start with http:// or https://"),
         (["--url", "http://127.0.0.1:9", "--pools", "cpu"], "--pools and --choose-cpu-layout need the in-process mode"),
     ],
@@ -108,6 +110,10 @@ def test_calibrating_a_server_by_url_writes_json_png_table_and_redis(
     pool = calibration.pools["server"]
     assert pool.fit.alpha > 0 and pool.fit.r2 > 0.5  # HTTP on a shared machine is noisy; quality is tested elsewhere
     assert pool.stress is not None and pool.length_fit is not None
+    # Scouted levels took the default one round, the others --rounds; the file says both.
+    assert calibration.rounds == 2 and calibration.scout_rounds == 1
+    assert {s.rounds for s in pool.samples} == {1, 2} and pool.samples[0].rounds == 2
+    assert "2 rounds per level (1 per scouted level)" in captured.out
     assert all(entry.estimate and entry.stress_test is not None and entry.fine_tuned for entry in pool.depths)
     assert plot.read_bytes()[:8] == PNG_MAGIC and matplotlib.image.imread(plot).ndim == 3
     assert "stress test (step 8)" in captured.out and f"wrote {out} and {plot}" in captured.out
@@ -122,6 +128,6 @@ def test_server_answering_busy_is_profiled_up_to_its_limit(sim_server_factory, t
     code = run_cli("--url", server.url, "--slo", "1", "--rounds", "2", "--out", str(out), "--plot", str(tmp_path / "c.png"))
     assert code == 0, capsys.readouterr().err
     samples = load_calibration(out).pools["server"].samples
-    assert samples[-1].concurrency == 8 and samples[-1].failures > 0
+    assert samples[-1].concurrency == 16 and samples[-1].failures > 0
     assert "HTTP 429" in (samples[-1].first_error or "")
-    assert "p95 inf s > SLO 1 s at C=8" in capsys.readouterr().out
+    assert "p95 inf s > SLO 1 s at C=16" in capsys.readouterr().out

@@ -101,6 +101,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default: %(default)s, as in the paper)")
     parser.add_argument("--rounds", type=_positive(int, "--rounds"), default=5,
                         help="closed-loop rounds per level (default: %(default)s)")
+    parser.add_argument("--scout-rounds", type=_positive(int, "--scout-rounds"), default=1,
+                        help="rounds of the levels profiled on the way up, far below the SLO; the levels "
+                             "aimed at the SLO get --rounds (default: %(default)s)")
     parser.add_argument("--max-concurrency", type=_positive(int, "--max-concurrency"), default=256,
                         help="highest concurrency profiled; also caps every depth (default: %(default)s)")
     parser.add_argument("--stress-test", action="store_true",
@@ -140,6 +143,7 @@ def options_from_args(args: argparse.Namespace) -> CalibrationOptions:
         slos=slos,
         query_tokens=args.query_tokens,
         rounds=args.rounds,
+        scout_rounds=args.scout_rounds,
         max_concurrency=args.max_concurrency,
         stress_step=args.step if args.stress_test else None,
         fine_tune=args.fine_tune,
@@ -176,6 +180,10 @@ def check_args(args: argparse.Namespace, max_tokens: int, min_tokens: int = 3) -
     for tokens in (args.query_tokens, *(args.lengths or ())):
         if not min_tokens <= tokens <= max_tokens:
             raise UsageError(f"query length {tokens} is outside {min_tokens}..{max_tokens} tokens (the model's limit)")
+    if args.scout_rounds > args.rounds:
+        raise UsageError(
+            f"--scout-rounds {args.scout_rounds} is more than --rounds {args.rounds}: scouting is the cheap look"
+        )
     if args.url:
         if not args.url.startswith(("http://", "https://")):
             raise UsageError(f"--url must start with http:// or https://, got {args.url!r}")
@@ -390,6 +398,7 @@ async def _choose_cpu_layout(
                 slo,
                 query_tokens=options.query_tokens,
                 rounds=options.rounds,
+                scout_rounds=options.scout_rounds,
                 max_concurrency=options.max_concurrency,
                 request_timeout=options.request_timeout,
                 pool=f"cpu[{layout.name}]",
