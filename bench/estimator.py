@@ -100,10 +100,13 @@ class Trial:
     speeds: list[tuple[str, SpeedCheck]]
 
 
-async def run_trial(pool: Pool, slo: float, rounds: int, step: int, max_concurrency: int) -> Trial:
+async def run_trial(
+    pool: Pool, slo: float, rounds: int, step: int, max_concurrency: int, scout_rounds: int
+) -> Trial:
     started = time.perf_counter()
     profile = await profile_pool(
-        pool.submit, pool.make_query, slo, query_tokens=TOKENS, rounds=rounds, max_concurrency=max_concurrency
+        pool.submit, pool.make_query, slo, query_tokens=TOKENS, rounds=rounds, scout_rounds=scout_rounds,
+        max_concurrency=max_concurrency,
     )
     estimate = decide_depth(fit_profile(pool.name, profile.samples), slo, cap=max_concurrency).depth
     estimated = MethodResult("estimate (profile + fit)", estimate, time.perf_counter() - started)
@@ -127,13 +130,13 @@ async def run_trial(pool: Pool, slo: float, rounds: int, step: int, max_concurre
 
 
 async def compare_methods(
-    pool: Pool, slo: float, rounds: int, step: int, max_concurrency: int, misses: int, repeats: int
+    pool: Pool, slo: float, rounds: int, step: int, max_concurrency: int, misses: int, repeats: int, scout_rounds: int
 ) -> tuple[list[Trial], MethodResult]:
     """`repeats` trials (estimate, then step N) with the step-1 optimum swept once, in the middle,
     so that trials before and after it share out the machine's slow and fast spells."""
     trials: list[Trial] = []
     for _ in range((repeats + 1) // 2):
-        trials.append(await run_trial(pool, slo, rounds, step, max_concurrency))
+        trials.append(await run_trial(pool, slo, rounds, step, max_concurrency, scout_rounds))
     sweep = await stress_test(
         pool.submit, pool.make_query, [slo], step=1, query_tokens=TOKENS, rounds=rounds,
         max_concurrency=max_concurrency, misses_to_stop=misses,
@@ -142,7 +145,7 @@ async def compare_methods(
     print(f"[{pool.name}] step-1 sweep: first miss after C={sweep.depths[0]}, "
           f"{len(sweep.samples)} levels, stopped: {sweep.stop_reason}")
     for _ in range(repeats // 2):
-        trials.append(await run_trial(pool, slo, rounds, step, max_concurrency))
+        trials.append(await run_trial(pool, slo, rounds, step, max_concurrency, scout_rounds))
     for number, trial in enumerate(trials, 1):
         if trial.speeds:
             reference = trial.speeds[0][1]
@@ -184,10 +187,13 @@ def print_methods(pool: Pool, slo: float, step: int, trials: list[Trial], optimu
           f"step {step} {sum(within(t.stress, best) for t in trials)}/{count}; target met in {met}/{count} runs")
 
 
-async def mixed_lengths(pool: Pool, slo: float, rounds: int, max_concurrency: int, seed: int = 1) -> None:
+async def mixed_lengths(
+    pool: Pool, slo: float, rounds: int, max_concurrency: int, scout_rounds: int, seed: int = 1
+) -> None:
     """Fixed 75-token query depth vs token budget, both from one calibration, on mixed rounds."""
     options = CalibrationOptions(
-        slos=(slo,), query_tokens=TOKENS, rounds=rounds, max_concurrency=max_concurrency, lengths=PROFILED_LENGTHS
+        slos=(slo,), query_tokens=TOKENS, rounds=rounds, scout_rounds=scout_rounds, max_concurrency=max_concurrency,
+        lengths=PROFILED_LENGTHS,
     )
     calibration = await calibrate_pools(
         {pool.name: pool.submit}, pool.make_query, options,
@@ -305,6 +311,8 @@ def main() -> None:
     parser.add_argument("--slo", type=float, default=None, help="seconds (default 0.2 simulated, 1.0 runtime)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--step", type=int, default=8)
+    parser.add_argument("--scout-rounds", type=int, default=1,
+                        help="rounds of the profile's scouted levels (= --rounds: no scouting)")
     parser.add_argument("--max-concurrency", type=int, default=1024)
     parser.add_argument("--misses", type=int, default=8,
                         help="the step-1 optimum sweep stops after this many levels in a row miss")
@@ -323,12 +331,13 @@ def main() -> None:
         if "methods" in sections:
             for pool in chosen:
                 trials, optimum = await compare_methods(
-                    pool, slo, args.rounds, args.step, args.max_concurrency, args.misses, args.repeats
+                    pool, slo, args.rounds, args.step, args.max_concurrency, args.misses, args.repeats,
+                    args.scout_rounds,
                 )
                 print_methods(pool, slo, args.step, trials, optimum)
         if "mixed" in sections:
             for pool in chosen:
-                await mixed_lengths(pool, slo, args.rounds, args.max_concurrency)
+                await mixed_lengths(pool, slo, args.rounds, args.max_concurrency, args.scout_rounds)
 
     print(f"bench/estimator.py: {'real runtime' if args.runtime else 'simulated pools'}; shared, loaded machine")
     if args.runtime:

@@ -46,6 +46,14 @@ class CalibrationOptions:
     recheck: bool = False  # measure a profiled level again at the end (estimator.recheck)
     headroom: float = DEFAULT_HEADROOM  # every method aims at T*(1 - headroom)
 
+    @property
+    def scouting_rounds(self) -> int:
+        """The rounds scouted levels get. The length-aware fit separates per-token, per-query and
+        constant costs from how each length's latency grows with C, so with `lengths` every level
+        is measured in full: scouted levels once left it without a per-query cost, and the token
+        budget then missed the SLO on mixes of short and long queries (bench/estimator.py)."""
+        return self.rounds if self.lengths else min(self.scout_rounds, self.rounds)
+
 
 def fit_profile(pool: str, samples: tuple[LevelSample, ...] | list[LevelSample]) -> LinearFit:
     fit = fit_samples(samples)
@@ -82,7 +90,7 @@ class _PoolCalibrator:
             max(o.slos),
             query_tokens=tokens,
             rounds=o.rounds,
-            scout_rounds=o.scout_rounds,
+            scout_rounds=o.scouting_rounds,
             max_concurrency=o.max_concurrency,
             request_timeout=o.request_timeout,
             pool=name,
@@ -192,7 +200,7 @@ async def calibrate_pools(
         slos=tuple(options.slos),
         query_tokens=options.query_tokens,
         rounds=options.rounds,
-        scout_rounds=options.scout_rounds,
+        scout_rounds=options.scouting_rounds,
         headroom=options.headroom,
         pools=results,
         fine_tune=tuple(tuned),

@@ -308,12 +308,15 @@ def test_fine_tune_moves_both_pools_to_their_optima() -> None:
     # optimum meet by only 1-9 ms here, so a scheduling hiccup of the shared machine may stop
     # a pool a few levels short: close_to's margin allows for that.
     assert close_to(fast_depth, opt_fast) and close_to(slow_depth, opt_slow)
-    seen: dict[tuple[int, int], dict[str, float]] = {}
-    for trial in result.trials:  # the first trial at each pair of depths decided the move
-        seen.setdefault((trial.depths["accelerator"], trial.depths["cpu"]), trial.p95)
-    fast_alone = {depth: p95["accelerator"] for (depth, cpu), p95 in seen.items() if cpu == start["cpu"]}
-    assert fast_alone[fast_depth] <= SLO < fast_alone[fast_depth + 1]
-    assert seen[(fast_depth, slow_depth)]["cpu"] <= SLO < seen[(fast_depth, slow_depth + 1)]["cpu"]
+    trials: dict[tuple[int, int], list[dict[str, float]]] = {}
+    for trial in result.trials:  # a pair of depths may be measured more than once
+        trials.setdefault((trial.depths["accelerator"], trial.depths["cpu"]), []).append(trial.p95)
+
+    def met(pair: tuple[int, int], pool: str) -> bool:
+        return any(p95[pool] <= SLO for p95 in trials[pair])
+
+    assert met((fast_depth, start["cpu"]), "accelerator") and not met((fast_depth + 1, start["cpu"]), "accelerator")
+    assert met((fast_depth, slow_depth), "cpu") and trials[(fast_depth, slow_depth + 1)][-1]["cpu"] > SLO
     # Both pools were loaded together in every trial.
     assert all(set(trial.p95) == {"accelerator", "cpu"} for trial in result.trials)
 

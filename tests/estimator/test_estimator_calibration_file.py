@@ -73,6 +73,7 @@ def make_calibration() -> Calibration:
         slos=(0.5, 1.0),
         query_tokens=75,
         rounds=3,
+        scout_rounds=1,
         pools={"accelerator": accel, "cpu": pool},
         fine_tune=(tuned,),
         cpu_layout=layout,
@@ -89,6 +90,8 @@ def test_round_trip_keeps_everything(tmp_path: Path) -> None:
     assert raw["schema_version"] == 1 and raw["hardware_fingerprint"] == "64255b212567a468"
     assert [p.name for p in tmp_path.iterdir()] == ["calibration.json"]  # no temporary file left
     assert stat.S_IMODE(path.stat().st_mode) == 0o644
+    raw.pop("scout_rounds")  # a file written before levels were scouted still loads
+    assert from_dict(raw, "old.json").scout_rounds is None
 
 
 def test_depth_for_prefers_the_fine_tuned_depth_and_names_what_exists() -> None:
@@ -122,6 +125,7 @@ def _broken(mutate) -> dict:
         (lambda d: d.update(created="yesterday"), r"created must be an ISO 8601 time"),
         (lambda d: d.update(pools={}), r"pools is empty"),
         (lambda d: d.pop("model"), r"model: Field required"),
+        (lambda d: d.update(scout_rounds=0), r"scout_rounds must be >= 1"),
     ],
 )
 def test_validation_says_what_is_wrong(mutate, message: str) -> None:
@@ -195,10 +199,12 @@ def test_pipeline_calibrates_simulated_pools_into_a_valid_file(tmp_path: Path) -
     calibration = asyncio.run(body())
     path = save_calibration(calibration, tmp_path / "c.json")
     loaded = load_calibration(path)
-    assert loaded == calibration
+    assert loaded == calibration and loaded.scout_rounds == 2
     for name, pool in loaded.pools.items():
         assert pool.fit.r2 > 0.8, name  # fit quality is tested in test_estimator_algorithms
         assert pool.length_fit is not None and {s.tokens for s in pool.length_samples} == {16, 200}
+        # The length-aware fit needs every level in full: nothing is scouted.
+        assert {s.rounds for s in pool.samples + pool.length_samples} == {2}
         assert pool.stress is not None and pool.stress.step == 8
         for slo in options.slos:
             entry = pool.at(slo)
