@@ -95,6 +95,14 @@ def format_report(calibration: Calibration) -> str:
                 f"(R^2 = {lf.r2:.4f}, L = {lf.min_length}..{lf.max_length}, {pool.length_seconds:.1f} s); "
                 f"token budget: {budgets or 'none'} ({describe_charge(lf)})"
             )
+        refused = next((s for s in reversed(pool.samples) if s.failures), None)
+        if refused is not None:
+            lines.append(
+                f"  {name}: {refused.failures} of {refused.concurrency * refused.rounds} requests at "
+                f"C={refused.concurrency} failed ({refused.first_error}); the fit uses the levels that were "
+                "answered. A server refuses what its queues cannot hold: while calibrating it by --url, "
+                "give it deeper queues (e.g. WINDVE_CPU_DEPTH=1024)."
+            )
         if pool.recheck is not None:
             lines.append(f"  {name} recheck: {pool.recheck.describe()}")
         for entry in pool.depths:

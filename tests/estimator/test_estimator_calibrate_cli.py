@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import matplotlib.image
@@ -133,3 +134,5 @@ def test_server_answering_busy_is_profiled_up_to_its_limit(sim_server_factory, t
     assert "HTTP 429" in (samples[-1].first_error or "")
     out_text = capsys.readouterr().out
     assert "p95 inf s > SLO 1 s at C=16" in out_text and "2 rounds per level (1 per scouted level)" in out_text
+    assert re.search(r"server: \d+ of 32 requests at C=16 failed \(ServerRefused: HTTP 429", out_text)
+    assert "give it deeper queues (e.g. WINDVE_CPU_DEPTH=1024)" in out_text
