@@ -23,7 +23,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from estimator.fit import LinearFit, fit_linear
-from estimator.rounds import LevelSample, MakeQuery, ProgressHook, Submit, measure_level, warm_up
+from estimator.rounds import (
+    LevelSample,
+    MakeQuery,
+    ProgressHook,
+    Submit,
+    measure_level,
+    warm_up,
+)
 
 # Stop after this many levels whatever happens: every plan below makes progress, this only
 # bounds a pool whose latency jumps about so much that the aim keeps moving.
