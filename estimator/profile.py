@@ -11,7 +11,7 @@ rounds in every fit.
 Why scout at all: a level costs its rounds times its latency, and the levels below the
 crossing add up to about as much as the crossing level itself. Measuring them with one
 round instead of five halves a profile, which is what lets the estimate cost under a
-quarter of a step-8 stress test on shallow pools too (the stress test's cost grows with
+quarter of a step-8 stress test down to depths of ~70 (the stress test's cost grows with
 the square of the depth, the profile's only linearly).
 """
 

@@ -101,6 +101,12 @@ def test_fit_rejects_unfittable_samples(concurrency, latency, message) -> None:
         fit_linear(concurrency, latency)
 
 
+@pytest.mark.parametrize("weights", [[1.0], [1.0, 0.0], [1.0, -2.0], [1.0, math.nan]])
+def test_fit_rejects_weights_that_are_not_one_positive_number_per_sample(weights) -> None:
+    with pytest.raises(ValueError, match="weights must"):
+        fit_linear([1, 2], [0.1, 0.2], weights=weights)
+
+
 def _fit(alpha: float, beta: float) -> LinearFit:
     return LinearFit(alpha=alpha, beta=beta, r2=1.0, points=5)
 
