@@ -116,7 +116,7 @@ async def run_trial(
     speeds: list[tuple[str, SpeedCheck]] = []
 
     async def note_speed(after: str) -> None:
-        check = await recheck_speed(pool.submit, pool.make_query, profile.samples, slo, rounds)
+        check = await recheck_speed(pool.submit, pool.make_query, profile.samples)
         if check is not None:
             speeds.append((after, check))
 

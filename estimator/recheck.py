@@ -9,6 +9,7 @@ whether the speed moved during this calibration; the report says so and what to 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -49,25 +50,29 @@ class SpeedCheck:
         )
 
 
-def reference_level(samples: Sequence[LevelSample], slo: float) -> LevelSample | None:
-    """The deepest profiled level that met the SLO: the nearest to the depth, and answered."""
-    met = [sample for sample in samples if sample.meets(slo) and sample.p95 > 0]
-    return max(met, key=lambda sample: sample.concurrency, default=None)
+def reference_level(samples: Sequence[LevelSample]) -> LevelSample | None:
+    """The deepest answered level among those the profile measured with its full rounds.
+
+    That is the level aimed at the SLO crossing: nearest to the depth, and measured as well as
+    the recheck measures it. A scouted level (one round) is no reference: its tail alone moved
+    by up to 1.3x against six rounds of the same level in the same minute.
+    """
+    answered = [sample for sample in samples if math.isfinite(sample.p95) and sample.p95 > 0]
+    most = max((sample.rounds for sample in answered), default=0)
+    return max((s for s in answered if s.rounds == most), key=lambda s: s.concurrency, default=None)
 
 
 async def recheck_speed(
     submit: Submit,
     make_query: MakeQuery,
     samples: Sequence[LevelSample],
-    slo: float,
-    rounds: int,
     *,
     timeout: float | None = None,
     pool: str = "pool",
     progress: ProgressHook | None = None,
 ) -> SpeedCheck | None:
-    """Measure the reference level again; None when no profiled level met the SLO."""
-    reference = reference_level(samples, slo)
+    """Measure the reference level again, with the rounds it had; None when no level was answered."""
+    reference = reference_level(samples)
     if reference is None:
         return None
     again = await measure_level(
@@ -75,7 +80,7 @@ async def recheck_speed(
         make_query,
         reference.concurrency,
         reference.tokens,
-        rounds,
+        reference.rounds,
         timeout=timeout,
         stage="recheck",
         pool=pool,

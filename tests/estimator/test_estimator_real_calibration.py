@@ -35,7 +35,9 @@ from tests.estimator.cli_runner import run_cli
 SLO = 1.0
 TOKENS = 75
 CHECK_ROUNDS = 6
-ATTEMPTS = 6  # 9 of 20 attempts here met another state; six in a row, if independent: 0.45**6 < 1%
+# 9 of 20 attempts here once met another state, 6 of 10 on a busier day (the aimed level measured
+# again at 0.72-1.29x); ten in a row, if independent: 0.6**10 < 1%. An attempt takes ~25 s.
+ATTEMPTS = 10
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +68,7 @@ def test_estimated_depth_meets_the_slo_and_one_and_a_half_times_it_does_not(cpu_
         assert fit.r2 > 0.9, profile.samples
         depth = decide_depth(fit, SLO, cap=256, headroom=CalibrationOptions().headroom).depth  # the product default
         assert depth is not None and depth >= 2, (fit, profile.samples)
-        reference = reference_level(profile.samples, SLO)
+        reference = reference_level(profile.samples)
         assert reference is not None, profile.samples
         beyond = math.ceil(1.5 * depth)
         levels = list(dict.fromkeys([depth, beyond, reference.concurrency]))

@@ -29,11 +29,12 @@ def test_a_level_within_ten_percent_of_its_profile_tail_counts_as_the_same_speed
     assert ("--headroom 0.2" in check.describe()) is not steady
 
 
-def test_the_reference_is_the_deepest_level_that_met_the_slo() -> None:
-    samples = [_level(1, 0.02), _level(32, 0.3), _level(64, 0.55), _level(48, math.inf)]
-    assert reference_level(samples, 0.5).concurrency == 32
-    assert reference_level(samples, 0.6).concurrency == 64
-    assert reference_level(samples, 0.01) is None
+def test_the_reference_is_the_deepest_answered_level_measured_in_full() -> None:
+    scout = LevelSample(128, 75, 1, 0.7, 0.7)
+    samples = [_level(1, 0.02), _level(32, 0.3), scout, _level(64, 0.55), _level(96, math.inf)]
+    assert reference_level(samples).concurrency == 64  # not the scout, not the level that failed
+    assert reference_level([scout]).concurrency == 128  # only scouts: the deepest of them
+    assert reference_level([_level(8, math.inf)]) is None
 
 
 def _calibrate(slow_down_at_stress: bool) -> Calibration:
@@ -60,7 +61,8 @@ def _calibrate(slow_down_at_stress: bool) -> Calibration:
 def test_recheck_of_a_steady_pool_finds_the_same_speed() -> None:
     pool = _calibrate(slow_down_at_stress=False).pools["cpu"]
     assert pool.recheck is not None and pool.recheck.steady, pool.recheck
-    assert pool.recheck.concurrency == max(s.concurrency for s in pool.samples if s.p95 <= 0.15)
+    # The level aimed at the crossing, measured in full in the profile and again.
+    assert pool.recheck.concurrency == max(s.concurrency for s in pool.samples if s.rounds == 3)
 
 
 def test_recheck_finds_a_pool_that_slowed_after_its_profile() -> None:
