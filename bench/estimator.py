@@ -101,7 +101,7 @@ class Trial:
 
 
 async def run_trial(
-    pool: Pool, slo: float, rounds: int, step: int, max_concurrency: int, scout_rounds: int
+    pool: Pool, slo: float, rounds: int, step: int, max_concurrency: int, scout_rounds: int | None
 ) -> Trial:
     started = time.perf_counter()
     profile = await profile_pool(
@@ -130,7 +130,8 @@ async def run_trial(
 
 
 async def compare_methods(
-    pool: Pool, slo: float, rounds: int, step: int, max_concurrency: int, misses: int, repeats: int, scout_rounds: int
+    pool: Pool, slo: float, rounds: int, step: int, max_concurrency: int, misses: int, repeats: int,
+    scout_rounds: int | None,
 ) -> tuple[list[Trial], MethodResult]:
     """`repeats` trials (estimate, then step N) with the step-1 optimum swept once, in the middle,
     so that trials before and after it share out the machine's slow and fast spells."""
@@ -188,7 +189,7 @@ def print_methods(pool: Pool, slo: float, step: int, trials: list[Trial], optimu
 
 
 async def mixed_lengths(
-    pool: Pool, slo: float, rounds: int, max_concurrency: int, scout_rounds: int, seed: int = 1
+    pool: Pool, slo: float, rounds: int, max_concurrency: int, scout_rounds: int | None, seed: int = 1
 ) -> None:
     """Fixed 75-token query depth vs token budget, both from one calibration, on mixed rounds."""
     options = CalibrationOptions(
@@ -311,8 +312,8 @@ def main() -> None:
     parser.add_argument("--slo", type=float, default=None, help="seconds (default 0.2 simulated, 1.0 runtime)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--step", type=int, default=8)
-    parser.add_argument("--scout-rounds", type=int, default=1,
-                        help="rounds of the profile's scouted levels (= --rounds: no scouting)")
+    parser.add_argument("--scout-rounds", type=int, default=None,
+                        help="rounds of the profile's scouted levels (default: --rounds, no scouting)")
     parser.add_argument("--max-concurrency", type=int, default=1024)
     parser.add_argument("--misses", type=int, default=8,
                         help="the step-1 optimum sweep stops after this many levels in a row miss")

@@ -36,7 +36,7 @@ class CalibrationOptions:
     slos: tuple[float, ...] = (1.0,)
     query_tokens: int = 75
     rounds: int = 5
-    scout_rounds: int = 1  # rounds of the levels far below the SLO (estimator.profile)
+    scout_rounds: int | None = None  # rounds of the levels far below the SLO; None: `rounds` (no scouting)
     max_concurrency: int = 256  # also caps every depth: nothing beyond it was measured
     stress_step: int | None = None  # None: no stress test
     fine_tune: bool = False
@@ -52,7 +52,9 @@ class CalibrationOptions:
         constant costs from how each length's latency grows with C, so with `lengths` every level
         is measured in full: scouted levels once left it without a per-query cost, and the token
         budget then missed the SLO on mixes of short and long queries (bench/estimator.py)."""
-        return self.rounds if self.lengths else min(self.scout_rounds, self.rounds)
+        if self.lengths or self.scout_rounds is None:
+            return self.rounds
+        return min(self.scout_rounds, self.rounds)
 
 
 def fit_profile(pool: str, samples: tuple[LevelSample, ...] | list[LevelSample]) -> LinearFit:

@@ -95,8 +95,8 @@ async def profile_pool(
     *,
     query_tokens: int = 75,
     rounds: int = 5,
-    scout_rounds: int = 1,
-    growth: int = 4,
+    scout_rounds: int | None = None,
+    growth: int | None = None,
     max_concurrency: int = 256,
     min_levels: int = 2,
     overshoot: float = 0.05,
@@ -106,7 +106,13 @@ async def profile_pool(
     stage: str = "profile",
     progress: ProgressHook | None = None,
 ) -> Profile:
-    """Measure levels until one measured with full rounds misses `slo` (after `min_levels` levels)."""
+    """Measure levels until one measured with full rounds misses `slo` (after `min_levels` levels).
+
+    `scout_rounds` None (the default) scouts nothing: every level gets `rounds` and levels
+    double. With fewer scout rounds, levels grow 4x (`growth`) while scouting.
+    """
+    scout_rounds = rounds if scout_rounds is None else min(scout_rounds, rounds)
+    growth = growth or (4 if scout_rounds < rounds else 2)
     if slo <= 0 or rounds < 1 or scout_rounds < 1 or max_concurrency < 1 or query_tokens < 1 or growth < 2:
         raise ValueError("slo, rounds, scout_rounds, max_concurrency and query_tokens must be positive, growth >= 2")
     started = time.perf_counter()
@@ -122,7 +128,7 @@ async def profile_pool(
             make_query,
             plan.concurrency,
             query_tokens,
-            min(scout_rounds, rounds) if scout else rounds,
+            scout_rounds if scout else rounds,
             timeout=request_timeout,
             stage=stage,
             pool=pool,

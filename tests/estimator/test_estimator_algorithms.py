@@ -99,11 +99,23 @@ def test_warm_up_probe_of_a_pool_too_slow_for_the_slo_still_serves_one_query() -
     assert source.depth == 1 and "unusable" in source.detail["reason"]
 
 
+def test_by_default_the_profile_doubles_and_measures_every_level_in_full() -> None:
+    async def body(pool: SimulatedPool):
+        return await profile_pool(pool.submit, constant_query, SLO, rounds=2)
+
+    profile = asyncio.run(_with_pool(SERVICE, body))
+    levels = [s.concurrency for s in profile.samples]
+    assert levels[:4] == [1, 2, 4, 8] and {s.rounds for s in profile.samples} == {2}
+    assert not profile.samples[-1].meets(SLO) and levels[-1] < 1.3 * SERVICE.optimum_depth(SLO, TOKENS)
+
+
 def test_profile_scouts_far_levels_and_measures_the_aimed_one_in_full() -> None:
     events: list[Progress] = []
 
     async def body(pool: SimulatedPool):
-        return await profile_pool(pool.submit, constant_query, SLO, rounds=3, progress=events.append, pool="sim")
+        return await profile_pool(
+            pool.submit, constant_query, SLO, rounds=3, scout_rounds=1, progress=events.append, pool="sim"
+        )
 
     profile = asyncio.run(_with_pool(SERVICE, body))
     levels = [s.concurrency for s in profile.samples]
@@ -131,7 +143,7 @@ def test_a_scout_past_the_slo_does_not_end_the_profile() -> None:
     flat_batches = ServiceTime(per_batch=0.01, per_query=0.0001, max_batch_size=4)
 
     async def body(pool: SimulatedPool):
-        return await profile_pool(pool.submit, constant_query, 0.03, rounds=3)
+        return await profile_pool(pool.submit, constant_query, 0.03, rounds=3, scout_rounds=1)
 
     profile = asyncio.run(_with_pool(flat_batches, body))
     shape = [(s.concurrency, s.rounds, s.meets(0.03)) for s in profile.samples]
@@ -180,7 +192,7 @@ def test_fits_weigh_each_level_by_its_rounds() -> None:
 
 def test_profile_stops_at_max_concurrency_when_the_slo_is_never_reached() -> None:
     async def body(pool: SimulatedPool):
-        return await profile_pool(pool.submit, constant_query, 5.0, rounds=2, max_concurrency=12)
+        return await profile_pool(pool.submit, constant_query, 5.0, rounds=2, scout_rounds=1, max_concurrency=12)
 
     profile = asyncio.run(_with_pool(SERVICE, body))
     # The deepest level allowed is measured in full: the profile ends there.
@@ -218,7 +230,7 @@ class _Refusing:
 
 def test_refused_requests_count_as_misses_and_stop_the_profile() -> None:
     async def body(pool: SimulatedPool):
-        return await profile_pool(_Refusing(pool, 10).submit, constant_query, 1.0, rounds=2)
+        return await profile_pool(_Refusing(pool, 10).submit, constant_query, 1.0, rounds=2, scout_rounds=1)
 
     profile = asyncio.run(_with_pool(SERVICE, body))
     # The scout at 16 is refused in part; measured again in full, it ends the profile.

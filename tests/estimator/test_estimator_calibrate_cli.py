@@ -124,11 +124,14 @@ def test_calibrating_a_server_by_url_writes_json_png_table_and_redis(
 def test_server_answering_busy_is_profiled_up_to_its_limit(sim_server_factory, tmp_path: Path, capsys) -> None:
     server = sim_server_factory("--limit", "6", "--per-query", "0.05")  # requests of a round overlap
     out = tmp_path / "c.json"
-    code = run_cli("--url", server.url, "--slo", "1", "--rounds", "2", "--out", str(out), "--plot", str(tmp_path / "c.png"))
+    code = run_cli(
+        "--url", server.url, "--slo", "1", "--rounds", "2", "--scout-rounds", "1", "--out", str(out),
+        "--plot", str(tmp_path / "c.png"),
+    )
     assert code == 0, capsys.readouterr().err
     calibration = load_calibration(out)
     samples = calibration.pools["server"].samples
-    # Levels far below the SLO were scouted with the default one round; the file and table say so.
+    # Levels far below the SLO were scouted with one round; the file and table say so.
     assert calibration.scout_rounds == 1 and [s.rounds for s in samples] == [2, 1, 1, 2]
     assert samples[-1].concurrency == 16 and samples[-1].failures > 0
     assert "HTTP 429" in (samples[-1].first_error or "")

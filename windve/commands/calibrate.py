@@ -101,9 +101,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default: %(default)s, as in the paper)")
     parser.add_argument("--rounds", type=_positive(int, "--rounds"), default=5,
                         help="closed-loop rounds per level (default: %(default)s)")
-    parser.add_argument("--scout-rounds", type=_positive(int, "--scout-rounds"), default=1,
-                        help="rounds of the levels profiled on the way up, far below the SLO; the levels "
-                             "aimed at the SLO get --rounds (default: %(default)s)")
+    parser.add_argument("--scout-rounds", type=_positive(int, "--scout-rounds"),
+                        help="rounds of the levels profiled on the way up, far below the SLO (they then grow "
+                             "4x); the levels aimed at the SLO get --rounds. 1 halves a profile, but the fit "
+                             "then rests on the aimed level: pair it with --headroom 0.2. Default: --rounds "
+                             "(no scouting)")
     parser.add_argument("--max-concurrency", type=_positive(int, "--max-concurrency"), default=256,
                         help="highest concurrency profiled; also caps every depth (default: %(default)s)")
     parser.add_argument("--stress-test", action="store_true",
@@ -180,7 +182,7 @@ def check_args(args: argparse.Namespace, max_tokens: int, min_tokens: int = 3) -
     for tokens in (args.query_tokens, *(args.lengths or ())):
         if not min_tokens <= tokens <= max_tokens:
             raise UsageError(f"query length {tokens} is outside {min_tokens}..{max_tokens} tokens (the model's limit)")
-    if args.scout_rounds > args.rounds:
+    if args.scout_rounds is not None and args.scout_rounds > args.rounds:
         raise UsageError(
             f"--scout-rounds {args.scout_rounds} is more than --rounds {args.rounds}: scouting is the cheap look"
         )
