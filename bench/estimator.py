@@ -1,7 +1,7 @@
 """Estimator vs stress test vs the true optimum, and token budget vs fixed depth on mixed lengths.
 
 Section `methods` (paper Table III): for each pool, the depth and wall time of
-  - the estimate (profile with scouted/aimed levels + linear fit),
+  - the estimate (profile with doubling, or with --scout-rounds scouted, then aimed levels + linear fit),
   - the stress test (raise C by --step, default 8, until the SLO breaks),
   - the optimum (stress test with step 1, swept on past the first miss until --misses
     levels in a row miss, read off an isotonic fit so that one noisy level does not decide),

@@ -1,18 +1,18 @@
 """Profile one pool: closed-loop rounds at rising concurrency until the tail passes the SLO.
 
-While the fit so far says the SLO is far away, levels grow by `growth` (1, 4, 16, ...) and
-are scouted with `scout_rounds` rounds: they only find the slope and where to aim. Once the
-next growth step would pass the predicted crossing, the next level is aimed just past it
-(`overshoot`) and measured with the full `rounds`, so that the expensive, well-measured
-points sit at the boundary where the depth is read off. The first level (one query) gets
-the full rounds too: it is cheap and anchors the intercept. Levels are weighted by their
-rounds in every fit.
+While the fit so far says the SLO is far away, levels grow by `growth` (by default 1, 2, 4,
+..., every level with the full `rounds`). Once the next growth step would pass the predicted
+crossing, the next level is aimed just past it (`overshoot`), so that the last, well-measured
+points sit at the boundary where the depth is read off. Levels are weighted by their rounds
+in every fit.
 
-Why scout at all: a level costs its rounds times its latency, and the levels below the
-crossing add up to about as much as the crossing level itself. Measuring them with one
-round instead of five halves a profile, which is what lets the estimate cost under a
-quarter of a step-8 stress test down to depths of ~70 (the stress test's cost grows with
-the square of the depth, the profile's only linearly).
+Scouting is opt-in (`scout_rounds` below `rounds`): the growth levels (1, 4, 16, ...) get
+`scout_rounds` rounds and only find the slope and where to aim; the first level (one query,
+cheap, it anchors the intercept) and the aimed ones get the full rounds. A level costs its
+rounds times its latency, and the levels below the crossing add up to about as much as the
+crossing level itself, so one round instead of five halves a profile: under a quarter of a
+step-8 stress test down to depths of ~70. It is not the default because the fit then rests
+on the aimed level alone, and its depth once missed the SLO at the default headroom.
 """
 
 from __future__ import annotations
@@ -112,7 +112,8 @@ async def profile_pool(
     double. With fewer scout rounds, levels grow 4x (`growth`) while scouting.
     """
     scout_rounds = rounds if scout_rounds is None else min(scout_rounds, rounds)
-    growth = growth or (4 if scout_rounds < rounds else 2)
+    if growth is None:
+        growth = 4 if scout_rounds < rounds else 2
     if slo <= 0 or rounds < 1 or scout_rounds < 1 or max_concurrency < 1 or query_tokens < 1 or growth < 2:
         raise ValueError("slo, rounds, scout_rounds, max_concurrency and query_tokens must be positive, growth >= 2")
     started = time.perf_counter()
