@@ -120,9 +120,9 @@ def test_profile_scouts_far_levels_and_measures_the_aimed_one_in_full() -> None:
     profile = asyncio.run(_with_pool(SERVICE, body))
     levels = [s.concurrency for s in profile.samples]
     assert levels[:3] == [1, 4, 16] and levels == sorted(set(levels))
-    # One query in full (it anchors the intercept), the growth levels scouted with one round,
-    # the last level, aimed at the crossing, in full.
-    assert [s.rounds for s in profile.samples] == [3] + [1] * (len(levels) - 2) + [3]
+    # One query in full (it anchors the intercept), the growth levels scouted with one round
+    # except the last, measured again in full before the aim, and the aimed level in full.
+    assert [s.rounds for s in profile.samples] == [3] + [1] * (len(levels) - 3) + [3, 3]
     assert all(s.meets(SLO) for s in profile.samples[:-1]) and not profile.samples[-1].meets(SLO)
     assert "> SLO" in profile.stop_reason
     optimum = SERVICE.optimum_depth(SLO, TOKENS)
@@ -131,10 +131,12 @@ def test_profile_scouts_far_levels_and_measures_the_aimed_one_in_full() -> None:
     fit = fit_profile("sim", profile.samples)
     assert fit.r2 > 0.98
     assert close_to(decide_depth(fit, SLO, cap=256).depth, optimum)
-    # One progress event per round, the level's sample on its last round.
-    assert len(events) == sum(s.rounds for s in profile.samples)
+    # One progress event per round (the topped-up scout's first round too), the level's sample
+    # on its last round.
+    assert len(events) == sum(s.rounds for s in profile.samples) + 1
+    assert [e.concurrency for e in events if e.sample is not None] == levels[:-1] + levels[-2:]
     finished = [e.sample for e in events if e.sample is not None]
-    assert [s.concurrency for s in finished] == levels and all(e.pool == "sim" for e in events)
+    assert [s.concurrency for s in finished] == levels[:-1] + levels[-2:] and all(e.pool == "sim" for e in events)
 
 
 def test_a_scout_past_the_slo_does_not_end_the_profile() -> None:
@@ -195,8 +197,9 @@ def test_profile_stops_at_max_concurrency_when_the_slo_is_never_reached() -> Non
         return await profile_pool(pool.submit, constant_query, 5.0, rounds=2, scout_rounds=1, max_concurrency=12)
 
     profile = asyncio.run(_with_pool(SERVICE, body))
-    # The deepest level allowed is measured in full: the profile ends there.
-    assert [(s.concurrency, s.rounds) for s in profile.samples] == [(1, 2), (4, 1), (12, 2)]
+    # The deepest level allowed is measured in full: the profile ends there. The scout before
+    # it was measured again in full.
+    assert [(s.concurrency, s.rounds) for s in profile.samples] == [(1, 2), (4, 2), (12, 2)]
     assert "max concurrency 12" in profile.stop_reason
 
 

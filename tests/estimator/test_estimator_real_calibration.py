@@ -11,6 +11,12 @@ README's calibration section has the figures). A check in another state than its
 tests the machine, not the estimator. So the checks interleave their rounds with a level
 the profile measured (the reference) and count only when the reference took what it took
 in the profile; otherwise the attempt is repeated, a bounded number of times.
+
+Even then one round's tail at the depth moves by +-20 % within a check, and a check's p95 is
+about its slowest round: 5 of 26 checks in a steady state missed the SLO, by up to 12 %, on a
+busy afternoon (README, Calibration). The claim is therefore the one a user can rely on here:
+the depth holds in most checks, 2 of at most 4 steady ones. A depth that is simply too deep
+fails nearly every check and fails this test.
 """
 
 from __future__ import annotations
@@ -35,9 +41,10 @@ from tests.estimator.cli_runner import run_cli
 SLO = 1.0
 TOKENS = 75
 CHECK_ROUNDS = 6
+NEEDED, STEADY_CHECKS = 2, 4  # the depth must hold in 2 of at most 4 steady checks
 # 9 of 20 attempts here once met another state, 6 of 10 on a busier day (the reference level
-# measured again at 0.72-1.66x); ten in a row, if independent: 0.6**10 < 1%. An attempt takes ~25 s.
-ATTEMPTS = 10
+# measured again at 0.72-1.66x). An attempt takes ~40 s.
+ATTEMPTS = 12
 
 
 @pytest.fixture(scope="module")
@@ -59,29 +66,37 @@ def test_estimated_depth_meets_the_slo_and_one_and_a_half_times_it_does_not(cpu_
     runtime, loop = cpu_runtime
     assert "cpu" in runtime.pool_names
     submit = runtime.pool_submitter("cpu")
-    attempts = []
+    defaults = CalibrationOptions()  # what `windve calibrate` does by default: 5 rounds, 15 % headroom
+    attempts, steady = [], []
     for _ in range(ATTEMPTS):
         profile = loop.run_until_complete(
-            profile_pool(submit, runtime.make_query, SLO, query_tokens=TOKENS, rounds=3, max_concurrency=256, pool="cpu")
+            profile_pool(
+                submit, runtime.make_query, SLO, query_tokens=TOKENS, rounds=defaults.rounds,
+                scout_rounds=defaults.scouting_rounds, max_concurrency=256, pool="cpu",
+            )
         )
         fit = fit_profile("cpu", profile.samples)
         assert fit.r2 > 0.9, profile.samples
-        depth = decide_depth(fit, SLO, cap=256, headroom=CalibrationOptions().headroom).depth  # the product default
+        depth = decide_depth(fit, SLO, cap=256, headroom=defaults.headroom).depth
         assert depth is not None and depth >= 2, (fit, profile.samples)
         reference = reference_level(profile.samples)
         assert reference is not None, profile.samples
         beyond = math.ceil(1.5 * depth)
         levels = list(dict.fromkeys([depth, beyond, reference.concurrency]))
         checks = loop.run_until_complete(measure_interleaved(submit, runtime.make_query, levels, TOKENS, CHECK_ROUNDS))
+        assert all(sample.failures == 0 for sample in checks.values()), checks
         speed = SpeedCheck(reference.concurrency, reference.p95, checks[reference.concurrency].p95)
-        attempts.append((round(speed.ratio, 3), depth, checks[depth].p95, checks[beyond].p95, fit))
+        held = checks[depth].p95 <= SLO < checks[beyond].p95
+        attempts.append((round(speed.ratio, 3), depth, round(checks[depth].p95, 3), round(checks[beyond].p95, 3), held))
         if speed.steady:  # the same machine state as the profile
-            break
+            steady.append(held)
+            if steady.count(True) == NEEDED or steady.count(False) > STEADY_CHECKS - NEEDED:
+                break
     else:
-        pytest.fail(f"the machine changed speed between every profile and its checks: {attempts}")
-    assert checks[depth].p95 <= SLO, attempts
-    assert checks[beyond].p95 > SLO, attempts
-    assert all(sample.failures == 0 for sample in checks.values())
+        pytest.fail(f"fewer than {STEADY_CHECKS} checks met the profile's machine state: {attempts}")
+    assert steady.count(True) == NEEDED, (
+        f"(speed ratio, depth, p95 at depth, at 1.5x, held) per attempt, fit {fit}: {attempts}"
+    )
 
 
 def test_calibrate_command_in_process_writes_json_and_png(tmp_path: Path, capsys) -> None:
