@@ -10,6 +10,10 @@ With --repeats N, the estimate and the stress test run N times each (the optimum
 the middle) and the bench counts how often each lands within 5%: on a machine whose speed
 changes, one run is one draw. All three aim at the SLO itself (no headroom): this compares the methods, not the margin.
 
+Section `optimum`: the step-1 optimum alone, swept --repeats times (at least 2) in a row, and
+how far apart the sweeps land: on a machine whose speed changes, that is the floor under the
+accuracy any method can show against one sweep.
+
 Section `mixed`: `windve calibrate`'s pipeline with a length sweep (16, 75, 256 tokens and
 the default headroom) gives a query depth at 75 tokens and a token budget. Closed-loop
 rounds of mixed lengths are then admitted by each: which keeps the SLO? Two mixes: the
@@ -22,6 +26,7 @@ analytic optimum is printed too); `--runtime` profiles the real service pools in
 Usage:
   python bench/estimator.py [--slo 0.2] [--rounds 3] [--step 8] [--sections methods,mixed]
   python bench/estimator.py --runtime [--slo 1.0] [--pools cpu] [--repeats 5]
+  python bench/estimator.py --runtime --sections optimum --rounds 5 --repeats 2
 Figures from a shared, loaded machine move from run to run; rerun before quoting them.
 """
 
@@ -32,6 +37,7 @@ import asyncio
 import dataclasses
 import os
 import random
+import statistics
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -138,13 +144,7 @@ async def compare_methods(
     trials: list[Trial] = []
     for _ in range((repeats + 1) // 2):
         trials.append(await run_trial(pool, slo, rounds, step, max_concurrency, scout_rounds))
-    sweep = await stress_test(
-        pool.submit, pool.make_query, [slo], step=1, query_tokens=TOKENS, rounds=rounds,
-        max_concurrency=max_concurrency, misses_to_stop=misses,
-    )
-    optimum = MethodResult("optimum (step 1, isotonic)", monotone_depth(sweep.samples, slo), sweep.seconds)
-    print(f"[{pool.name}] step-1 sweep: first miss after C={sweep.depths[0]}, "
-          f"{len(sweep.samples)} levels, stopped: {sweep.stop_reason}")
+    optimum = await sweep_optimum(pool, slo, rounds, max_concurrency, misses)
     for _ in range(repeats // 2):
         trials.append(await run_trial(pool, slo, rounds, step, max_concurrency, scout_rounds))
     for number, trial in enumerate(trials, 1):
@@ -156,8 +156,37 @@ async def compare_methods(
     return trials, optimum
 
 
+async def sweep_optimum(pool: Pool, slo: float, rounds: int, max_concurrency: int, misses: int) -> MethodResult:
+    sweep = await stress_test(
+        pool.submit, pool.make_query, [slo], step=1, query_tokens=TOKENS, rounds=rounds,
+        max_concurrency=max_concurrency, misses_to_stop=misses,
+    )
+    print(f"[{pool.name}] step-1 sweep: first miss after C={sweep.depths[0]}, "
+          f"{len(sweep.samples)} levels, stopped: {sweep.stop_reason}")
+    return MethodResult("optimum (step 1, isotonic)", monotone_depth(sweep.samples, slo), sweep.seconds)
+
+
+async def optimum_spread(pool: Pool, slo: float, rounds: int, max_concurrency: int, misses: int, sweeps: int) -> None:
+    """The step-1 optimum swept again and again: how far apart two sweeps land is the floor
+    under the accuracy of any method on this machine."""
+    depths = []
+    for number in range(1, sweeps + 1):
+        optimum = await sweep_optimum(pool, slo, rounds, max_concurrency, misses)
+        depths.append(optimum.depth or 0)
+        print(f"[{pool.name}] optimum sweep {number}: {optimum.depth} in {optimum.seconds:.0f} s")
+    low, high = min(depths), max(depths)
+    apart = f"{high / low - 1:.1%}" if low else "-"
+    print(f"[{pool.name}] {sweeps} optimum sweeps: {', '.join(map(str, depths))}; the deepest is {apart} above the "
+          f"shallowest; within 5% of their median: {sum(within_depth(d, statistics.median(depths)) for d in depths)}"
+          f"/{sweeps}")
+
+
+def within_depth(depth: int | None, optimum: float) -> bool:
+    return optimum > 0 and depth is not None and abs(depth / optimum - 1) <= 0.05
+
+
 def within(result: MethodResult, optimum: int) -> bool:
-    return optimum > 0 and result.depth is not None and abs(result.depth / optimum - 1) <= 0.05
+    return within_depth(result.depth, optimum)
 
 
 def print_methods(pool: Pool, slo: float, step: int, trials: list[Trial], optimum: MethodResult) -> None:
@@ -336,6 +365,9 @@ def main() -> None:
                     args.scout_rounds,
                 )
                 print_methods(pool, slo, args.step, trials, optimum)
+        if "optimum" in sections:
+            for pool in chosen:
+                await optimum_spread(pool, slo, args.rounds, args.max_concurrency, args.misses, max(2, args.repeats))
         if "mixed" in sections:
             for pool in chosen:
                 await mixed_lengths(pool, slo, args.rounds, args.max_concurrency, args.scout_rounds)
