@@ -174,19 +174,14 @@ async def optimum_spread(pool: Pool, slo: float, rounds: int, max_concurrency: i
         optimum = await sweep_optimum(pool, slo, rounds, max_concurrency, misses)
         depths.append(optimum.depth or 0)
         print(f"[{pool.name}] optimum sweep {number}: {optimum.depth} in {optimum.seconds:.0f} s")
-    low, high = min(depths), max(depths)
+    low, high, median = min(depths), max(depths), statistics.median(depths)
     apart = f"{high / low - 1:.1%}" if low else "-"
     print(f"[{pool.name}] {sweeps} optimum sweeps: {', '.join(map(str, depths))}; the deepest is {apart} above the "
-          f"shallowest; within 5% of their median: {sum(within_depth(d, statistics.median(depths)) for d in depths)}"
-          f"/{sweeps}")
+          f"shallowest; within 5% of their median: {sum(within(d, median) for d in depths)}/{sweeps}")
 
 
-def within_depth(depth: int | None, optimum: float) -> bool:
+def within(depth: int | None, optimum: float) -> bool:
     return optimum > 0 and depth is not None and abs(depth / optimum - 1) <= 0.05
-
-
-def within(result: MethodResult, optimum: int) -> bool:
-    return within_depth(result.depth, optimum)
 
 
 def print_methods(pool: Pool, slo: float, step: int, trials: list[Trial], optimum: MethodResult) -> None:
@@ -205,7 +200,7 @@ def print_methods(pool: Pool, slo: float, step: int, trials: list[Trial], optimu
     for number, trial in enumerate(trials, 1):
         estimate, stress = trial.estimate, trial.stress
         share = estimate.seconds / stress.seconds if stress.seconds else float("inf")
-        accurate, cheap = within(estimate, best), share <= 0.25
+        accurate, cheap = within(estimate.depth, best), share <= 0.25
         met += accurate and cheap
         verdict = "MET" if accurate and cheap else (
             f"NOT MET (accuracy {'ok' if accurate else 'missed'}, cost {'ok' if cheap else 'missed'})"
@@ -213,8 +208,8 @@ def print_methods(pool: Pool, slo: float, step: int, trials: list[Trial], optimu
         print(f"{number:<5}{estimate.depth or 0:>9}{error(estimate):>9}{estimate.seconds:>10.1f}"
               f"{stress.depth or 0:>9}{error(stress):>9}{stress.seconds:>10.1f}{share:>15.0%}  {verdict}")
     count = len(trials)
-    print(f"within 5% of the optimum: estimate {sum(within(t.estimate, best) for t in trials)}/{count}, "
-          f"step {step} {sum(within(t.stress, best) for t in trials)}/{count}; target met in {met}/{count} runs")
+    print(f"within 5% of the optimum: estimate {sum(within(t.estimate.depth, best) for t in trials)}/{count}, "
+          f"step {step} {sum(within(t.stress.depth, best) for t in trials)}/{count}; target met in {met}/{count} runs")
 
 
 async def mixed_lengths(

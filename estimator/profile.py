@@ -144,8 +144,8 @@ async def profile_pool(
         if not plan.scout and plan.concurrency >= max_concurrency:
             reason = f"reached max concurrency {max_concurrency} within the SLO"
             break
-        scouted, plan = plan.scout, plan_next()
-        if scouted and not plan.scout and sample.meets(slo) and scout_rounds < rounds:
+        plan = plan_next()
+        if sample.rounds < rounds and not plan.scout and sample.meets(slo):
             # The last scout before the aim is measured again in full: with C = 1 and the aimed
             # levels it carries the fit, so the depth does not rest on the aimed level alone.
             samples[-1] = await measure(sample.concurrency, rounds)

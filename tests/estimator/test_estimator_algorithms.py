@@ -134,7 +134,6 @@ def test_profile_scouts_far_levels_and_measures_the_aimed_one_in_full() -> None:
     # One progress event per round (the topped-up scout's first round too), the level's sample
     # on its last round.
     assert len(events) == sum(s.rounds for s in profile.samples) + 1
-    assert [e.concurrency for e in events if e.sample is not None] == levels[:-1] + levels[-2:]
     finished = [e.sample for e in events if e.sample is not None]
     assert [s.concurrency for s in finished] == levels[:-1] + levels[-2:] and all(e.pool == "sim" for e in events)
 
