@@ -1,7 +1,7 @@
 """Estimator vs stress test vs the true optimum, and token budget vs fixed depth on mixed lengths.
 
 Section `methods` (paper Table III): for each pool, the depth and wall time of
-  - the estimate (profile with doubling, or with --scout-rounds scouted, then aimed levels + linear fit),
+  - the estimate (profile with scouted levels, as `windve calibrate`, then aimed levels + linear fit),
   - the stress test (raise C by --step, default 8, until the SLO breaks),
   - the optimum (stress test with step 1, swept on past the first miss until --misses
     levels in a row miss, read off an isotonic fit so that one noisy level does not decide),
@@ -336,8 +336,9 @@ def main() -> None:
     parser.add_argument("--slo", type=float, default=None, help="seconds (default 0.2 simulated, 1.0 runtime)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--step", type=int, default=8)
-    parser.add_argument("--scout-rounds", type=int, default=None,
-                        help="rounds of the profile's scouted levels (default: --rounds, no scouting)")
+    parser.add_argument("--scout-rounds", type=int, default=1,
+                        help="rounds of the profile's scouted levels, as `windve calibrate --scout-rounds` "
+                             "(default: %(default)s; as many as --rounds: every level in full)")
     parser.add_argument("--max-concurrency", type=int, default=1024)
     parser.add_argument("--misses", type=int, default=8,
                         help="the step-1 optimum sweep stops after this many levels in a row miss")

@@ -36,7 +36,8 @@ class CalibrationOptions:
     slos: tuple[float, ...] = (1.0,)
     query_tokens: int = 75
     rounds: int = 5
-    scout_rounds: int | None = None  # rounds of the levels far below the SLO; None: `rounds` (no scouting)
+    # Rounds of the levels far below the SLO (estimator.profile); None or `rounds`: no scouting.
+    scout_rounds: int | None = 1
     max_concurrency: int = 256  # also caps every depth: nothing beyond it was measured
     stress_step: int | None = None  # None: no stress test
     fine_tune: bool = False

@@ -45,7 +45,8 @@ def test_help_states_each_default_once_and_only_real_ones(capsys) -> None:
     assert "(default: None)" not in text and "(default: False)" not in text
     assert ") (default:" not in text  # a default stated twice
     for option, default in [("--rounds ROUNDS", "5"), ("--step STEP", "8"), ("--headroom HEADROOM", "0.15"),
-                            ("--max-concurrency MAX_CONCURRENCY", "256"), ("--out OUT", "calibration.json")]:
+                            ("--max-concurrency MAX_CONCURRENCY", "256"), ("--out OUT", "calibration.json"),
+                            ("--scout-rounds SCOUT_ROUNDS", "1")]:
         option_help = text.split(f" {option} ", 1)[1].split(" --", 1)[0]
         assert f"(default: {default}" in option_help, option
 
@@ -121,21 +122,30 @@ def test_calibrating_a_server_by_url_writes_json_png_table_and_redis(
     assert json.loads(stored) == json.loads(out.read_text())
 
 
-def test_server_answering_busy_is_profiled_up_to_its_limit(sim_server_factory, tmp_path: Path, capsys) -> None:
+@pytest.mark.parametrize(
+    ("flags", "scouted", "rounds", "refused_at"),
+    [
+        ([], 1, [2, 1, 1, 2], 16),  # by default levels far below the SLO are scouted with one round, growing 4x
+        (["--scout-rounds", "2"], 2, [2, 2, 2, 2], 8),  # as many as --rounds: every level in full, doubling
+    ],
+)
+def test_server_answering_busy_is_profiled_up_to_its_limit(
+    sim_server_factory, tmp_path: Path, capsys, flags: list[str], scouted: int, rounds: list[int], refused_at: int
+) -> None:
     server = sim_server_factory("--limit", "6", "--per-query", "0.05")  # requests of a round overlap
     out = tmp_path / "c.json"
     code = run_cli(
-        "--url", server.url, "--slo", "1", "--rounds", "2", "--scout-rounds", "1", "--out", str(out),
-        "--plot", str(tmp_path / "c.png"),
+        "--url", server.url, "--slo", "1", "--rounds", "2", *flags, "--out", str(out), "--plot", str(tmp_path / "c.png"),
     )
     assert code == 0, capsys.readouterr().err
     calibration = load_calibration(out)
     samples = calibration.pools["server"].samples
-    # Levels far below the SLO were scouted with one round; the file and table say so.
-    assert calibration.scout_rounds == 1 and [s.rounds for s in samples] == [2, 1, 1, 2]
-    assert samples[-1].concurrency == 16 and samples[-1].failures > 0
+    # The file and the table say how many rounds the scouted levels took.
+    assert calibration.scout_rounds == scouted and [s.rounds for s in samples] == rounds, [(s.concurrency, s.rounds) for s in samples]
+    assert samples[-1].concurrency == refused_at and samples[-1].failures > 0
     assert "HTTP 429" in (samples[-1].first_error or "")
     out_text = capsys.readouterr().out
-    assert "p95 inf s > SLO 1 s at C=16" in out_text and "2 rounds per level (1 per scouted level)" in out_text
-    assert re.search(r"server: \d+ of 32 requests at C=16 failed \(ServerRefused: HTTP 429", out_text)
+    assert f"p95 inf s > SLO 1 s at C={refused_at}" in out_text
+    assert ("2 rounds per level (1 per scouted level)" in out_text) == (scouted == 1)
+    assert re.search(rf"server: \d+ of {2 * refused_at} requests at C={refused_at} failed \(ServerRefused: HTTP 429", out_text)
     assert "give it deeper queues (e.g. WINDVE_CPU_DEPTH=1024)" in out_text

@@ -101,11 +101,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default: %(default)s, as in the paper)")
     parser.add_argument("--rounds", type=_positive(int, "--rounds"), default=5,
                         help="closed-loop rounds per level (default: %(default)s)")
-    parser.add_argument("--scout-rounds", type=_positive(int, "--scout-rounds"),
-                        help="rounds of the levels profiled on the way up, far below the SLO (they then grow "
-                             "4x); the last of them and the levels aimed at the SLO get --rounds. 1 saves a "
-                             "sixth to a third of a profile here; on a machine that changes speed pair it with "
-                             "--headroom 0.2. Default: --rounds (no scouting)")
+    parser.add_argument("--scout-rounds", type=_positive(int, "--scout-rounds"), default=1,
+                        help="rounds of the levels profiled on the way up, far below the SLO (they grow 4x); "
+                             "the last of them and the levels aimed at the SLO get all ROUNDS. As many as "
+                             "ROUNDS: every level in full, doubling, ~50%% slower (default: %(default)s)")
     parser.add_argument("--max-concurrency", type=_positive(int, "--max-concurrency"), default=256,
                         help="highest concurrency profiled; also caps every depth (default: %(default)s)")
     parser.add_argument("--stress-test", action="store_true",
@@ -400,7 +399,7 @@ async def _choose_cpu_layout(
                 slo,
                 query_tokens=options.query_tokens,
                 rounds=options.rounds,
-                scout_rounds=options.scout_rounds,
+                scout_rounds=options.scouting_rounds,
                 max_concurrency=options.max_concurrency,
                 request_timeout=options.request_timeout,
                 pool=f"cpu[{layout.name}]",
