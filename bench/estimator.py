@@ -10,6 +10,11 @@ With --repeats N, the estimate and the stress test run N times each (the optimum
 the middle) and the bench counts how often each lands within 5%: on a machine whose speed
 changes, one run is one draw. All three aim at the SLO itself (no headroom): this compares the methods, not the margin.
 
+Section `local`: as `methods`, but each run sweeps its own step-1 optimum right after its
+estimate and stress test, from 3/4 of the shallower of the two, so that the three meet about
+the same machine state (a sweep from C = 1 takes 11-14 minutes here, long enough for this
+machine's optimum to move by 15 %). Costlier: ~5 minutes per run.
+
 Section `optimum`: the step-1 optimum alone, swept --repeats times (at least 2) in a row, and
 how far apart the sweeps land: on a machine whose speed changes, that is the floor under the
 accuracy any method can show against one sweep.
@@ -27,6 +32,7 @@ Usage:
   python bench/estimator.py [--slo 0.2] [--rounds 3] [--step 8] [--sections methods,mixed]
   python bench/estimator.py --runtime [--slo 1.0] [--pools cpu] [--repeats 5]
   python bench/estimator.py --runtime --sections optimum --rounds 5 --repeats 2
+  python bench/estimator.py --runtime --sections local --rounds 5 --repeats 5
 Figures from a shared, loaded machine move from run to run; rerun before quoting them.
 """
 
@@ -104,10 +110,12 @@ class Trial:
     estimate: MethodResult
     stress: MethodResult
     speeds: list[tuple[str, SpeedCheck]]
+    optimum: MethodResult | None = None  # swept right after (section `local`)
 
 
 async def run_trial(
-    pool: Pool, slo: float, rounds: int, step: int, max_concurrency: int, scout_rounds: int | None
+    pool: Pool, slo: float, rounds: int, step: int, max_concurrency: int, scout_rounds: int | None,
+    local_misses: int | None = None,
 ) -> Trial:
     started = time.perf_counter()
     profile = await profile_pool(
@@ -132,21 +140,33 @@ async def run_trial(
         max_concurrency=max_concurrency,
     )
     await note_speed(f"after step {step}")
-    return Trial(estimated, MethodResult(f"stress test (step {step})", stress.depths[0], stress.seconds), speeds)
+    stressed = MethodResult(f"stress test (step {step})", stress.depths[0], stress.seconds)
+    optimum = None
+    if local_misses is not None:
+        start = max(1, min(estimate or 1, stress.depths[0] or 1) * 3 // 4)
+        optimum = await sweep_optimum(pool, slo, rounds, max_concurrency, local_misses, start=start)
+    return Trial(estimated, stressed, speeds, optimum)
 
 
 async def compare_methods(
     pool: Pool, slo: float, rounds: int, step: int, max_concurrency: int, misses: int, repeats: int,
-    scout_rounds: int | None,
-) -> tuple[list[Trial], MethodResult]:
+    scout_rounds: int | None, local: bool = False,
+) -> tuple[list[Trial], MethodResult | None]:
     """`repeats` trials (estimate, then step N) with the step-1 optimum swept once, in the middle,
-    so that trials before and after it share out the machine's slow and fast spells."""
+    so that trials before and after it share out the machine's slow and fast spells; with
+    `local`, each trial sweeps its own instead."""
     trials: list[Trial] = []
+    optimum = None
+
+    async def trial() -> Trial:
+        return await run_trial(pool, slo, rounds, step, max_concurrency, scout_rounds, misses if local else None)
+
     for _ in range((repeats + 1) // 2):
-        trials.append(await run_trial(pool, slo, rounds, step, max_concurrency, scout_rounds))
-    optimum = await sweep_optimum(pool, slo, rounds, max_concurrency, misses)
+        trials.append(await trial())
+    if not local:
+        optimum = await sweep_optimum(pool, slo, rounds, max_concurrency, misses)
     for _ in range(repeats // 2):
-        trials.append(await run_trial(pool, slo, rounds, step, max_concurrency, scout_rounds))
+        trials.append(await trial())
     for number, trial in enumerate(trials, 1):
         if trial.speeds:
             reference = trial.speeds[0][1]
@@ -156,14 +176,18 @@ async def compare_methods(
     return trials, optimum
 
 
-async def sweep_optimum(pool: Pool, slo: float, rounds: int, max_concurrency: int, misses: int) -> MethodResult:
+async def sweep_optimum(
+    pool: Pool, slo: float, rounds: int, max_concurrency: int, misses: int, start: int = 1
+) -> MethodResult:
+    """The step-1 sweep from `start` until `misses` levels in a row miss, read off an isotonic fit.
+    None when even `start` misses: the optimum lies below where the sweep began."""
     sweep = await stress_test(
         pool.submit, pool.make_query, [slo], step=1, query_tokens=TOKENS, rounds=rounds,
-        max_concurrency=max_concurrency, misses_to_stop=misses,
+        max_concurrency=max_concurrency, misses_to_stop=misses, start=start,
     )
-    print(f"[{pool.name}] step-1 sweep: first miss after C={sweep.depths[0]}, "
+    print(f"[{pool.name}] step-1 sweep from C={start}: first miss after C={sweep.depths[0]}, "
           f"{len(sweep.samples)} levels, stopped: {sweep.stop_reason}")
-    return MethodResult("optimum (step 1, isotonic)", monotone_depth(sweep.samples, slo), sweep.seconds)
+    return MethodResult("optimum (step 1, isotonic)", monotone_depth(sweep.samples, slo) or None, sweep.seconds)
 
 
 async def optimum_spread(pool: Pool, slo: float, rounds: int, max_concurrency: int, misses: int, sweeps: int) -> None:
@@ -184,32 +208,41 @@ def within(depth: int | None, optimum: float) -> bool:
     return optimum > 0 and depth is not None and abs(depth / optimum - 1) <= 0.05
 
 
-def print_methods(pool: Pool, slo: float, step: int, trials: list[Trial], optimum: MethodResult) -> None:
-    best = optimum.depth or 0
+def print_methods(pool: Pool, slo: float, step: int, trials: list[Trial], optimum: MethodResult | None) -> None:
+    """One line per run against the one optimum, or against each run's own (section `local`)."""
 
-    def error(result: MethodResult) -> str:
-        return f"{(result.depth or 0) / best - 1:+.1%}" if best else "-"
+    def best(trial: Trial) -> int:
+        return ((trial.optimum if optimum is None else optimum).depth) or 0
 
-    print(f"\n[{pool.name}] SLO {slo:g} s, {TOKENS}-token queries; optimum (step 1, isotonic) {best} "
-          f"in {optimum.seconds:.1f} s")
+    def error(result: MethodResult, trial: Trial) -> str:
+        return f"{(result.depth or 0) / best(trial) - 1:+.1%}" if best(trial) else "-"
+
+    print(f"\n[{pool.name}] SLO {slo:g} s, {TOKENS}-token queries; optimum (step 1, isotonic) ", end="")
+    if optimum is not None:
+        print(f"{optimum.depth} in {optimum.seconds:.1f} s")
+    else:
+        print("swept after each run: " + ", ".join(
+            f"{trial.optimum.depth} in {trial.optimum.seconds:.0f} s" for trial in trials if trial.optimum
+        ))
     if pool.service is not None:
         print(f"analytic optimum {pool.service.optimum_depth(slo, TOKENS)}")
-    print(f"{'run':<5}{'estimate':>9}{'vs opt':>9}{'time (s)':>10}{f'step {step}':>9}{'vs opt':>9}{'time (s)':>10}"
-          f"{'est/step time':>15}  target (within 5% of the optimum in <= 25% of the step-{step} time)")
+    print(f"{'run':<5}{'optimum':>8}{'estimate':>9}{'vs opt':>9}{'time (s)':>10}{f'step {step}':>9}{'vs opt':>9}"
+          f"{'time (s)':>10}{'est/step time':>15}  target (within 5% of the optimum in <= 25% of the step-{step} time)")
     met = 0
     for number, trial in enumerate(trials, 1):
         estimate, stress = trial.estimate, trial.stress
         share = estimate.seconds / stress.seconds if stress.seconds else float("inf")
-        accurate, cheap = within(estimate.depth, best), share <= 0.25
+        accurate, cheap = within(estimate.depth, best(trial)), share <= 0.25
         met += accurate and cheap
         verdict = "MET" if accurate and cheap else (
             f"NOT MET (accuracy {'ok' if accurate else 'missed'}, cost {'ok' if cheap else 'missed'})"
         )
-        print(f"{number:<5}{estimate.depth or 0:>9}{error(estimate):>9}{estimate.seconds:>10.1f}"
-              f"{stress.depth or 0:>9}{error(stress):>9}{stress.seconds:>10.1f}{share:>15.0%}  {verdict}")
+        print(f"{number:<5}{best(trial) or '-':>8}{estimate.depth or 0:>9}{error(estimate, trial):>9}"
+              f"{estimate.seconds:>10.1f}{stress.depth or 0:>9}{error(stress, trial):>9}{stress.seconds:>10.1f}"
+              f"{share:>15.0%}  {verdict}")
     count = len(trials)
-    print(f"within 5% of the optimum: estimate {sum(within(t.estimate.depth, best) for t in trials)}/{count}, "
-          f"step {step} {sum(within(t.stress.depth, best) for t in trials)}/{count}; target met in {met}/{count} runs")
+    print(f"within 5% of the optimum: estimate {sum(within(t.estimate.depth, best(t)) for t in trials)}/{count}, "
+          f"step {step} {sum(within(t.stress.depth, best(t)) for t in trials)}/{count}; target met in {met}/{count} runs")
 
 
 async def mixed_lengths(
@@ -354,11 +387,11 @@ def main() -> None:
 
     async def body(pools: list[Pool]) -> None:
         chosen = [p for p in pools if not args.pools or p.name in args.pools.split(",")]
-        if "methods" in sections:
-            for pool in chosen:
+        for section in ("methods", "local"):
+            for pool in chosen if section in sections else []:
                 trials, optimum = await compare_methods(
                     pool, slo, args.rounds, args.step, args.max_concurrency, args.misses, args.repeats,
-                    args.scout_rounds,
+                    args.scout_rounds, local=section == "local",
                 )
                 print_methods(pool, slo, args.step, trials, optimum)
         if "optimum" in sections:

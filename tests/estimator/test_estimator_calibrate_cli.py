@@ -135,17 +135,20 @@ def test_server_answering_busy_is_profiled_up_to_its_limit(
     server = sim_server_factory("--limit", "6", "--per-query", "0.05")  # requests of a round overlap
     out = tmp_path / "c.json"
     code = run_cli(
-        "--url", server.url, "--slo", "1", "--rounds", "2", *flags, "--out", str(out), "--plot", str(tmp_path / "c.png"),
+        "--url", server.url, "--slo", "1", "--rounds", "2", *flags,
+        "--out", str(out), "--plot", str(tmp_path / "c.png"),
     )
     assert code == 0, capsys.readouterr().err
     calibration = load_calibration(out)
     samples = calibration.pools["server"].samples
     # The file and the table say how many rounds the scouted levels took.
-    assert calibration.scout_rounds == scouted and [s.rounds for s in samples] == rounds, [(s.concurrency, s.rounds) for s in samples]
+    shape = [(s.concurrency, s.rounds) for s in samples]
+    assert calibration.scout_rounds == scouted and [taken for _, taken in shape] == rounds, shape
     assert samples[-1].concurrency == refused_at and samples[-1].failures > 0
     assert "HTTP 429" in (samples[-1].first_error or "")
     out_text = capsys.readouterr().out
     assert f"p95 inf s > SLO 1 s at C={refused_at}" in out_text
     assert ("2 rounds per level (1 per scouted level)" in out_text) == (scouted == 1)
-    assert re.search(rf"server: \d+ of {2 * refused_at} requests at C={refused_at} failed \(ServerRefused: HTTP 429", out_text)
+    refused = rf"server: \d+ of {2 * refused_at} requests at C={refused_at} failed \(ServerRefused: HTTP 429"
+    assert re.search(refused, out_text)
     assert "give it deeper queues (e.g. WINDVE_CPU_DEPTH=1024)" in out_text
