@@ -13,7 +13,7 @@ changes, one run is one draw. All three aim at the SLO itself (no headroom): thi
 Section `local`: as `methods`, but each run sweeps its own step-1 optimum right after its
 estimate and stress test, from 3/4 of the shallower of the two, so that the three meet about
 the same machine state (a sweep from C = 1 takes 11-14 minutes here, long enough for this
-machine's optimum to move by 15 %). Costlier: ~5 minutes per run.
+machine's optimum to move by 15 %). Costlier: each sweep took 6-11 minutes here.
 
 Section `optimum`: the step-1 optimum alone, swept --repeats times (at least 2) in a row, and
 how far apart the sweeps land: on a machine whose speed changes, that is the floor under the
