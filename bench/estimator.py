@@ -158,15 +158,15 @@ async def compare_methods(
     trials: list[Trial] = []
     optimum = None
 
-    async def trial() -> Trial:
+    async def run_one() -> Trial:
         return await run_trial(pool, slo, rounds, step, max_concurrency, scout_rounds, misses if local else None)
 
     for _ in range((repeats + 1) // 2):
-        trials.append(await trial())
+        trials.append(await run_one())
     if not local:
         optimum = await sweep_optimum(pool, slo, rounds, max_concurrency, misses)
     for _ in range(repeats // 2):
-        trials.append(await trial())
+        trials.append(await run_one())
     for number, trial in enumerate(trials, 1):
         if trial.speeds:
             reference = trial.speeds[0][1]
