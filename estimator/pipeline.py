@@ -79,6 +79,33 @@ def _fit_lengths(samples: list[LevelSample]) -> LengthFit | None:
     )
 
 
+async def profile_with_options(
+    options: CalibrationOptions,
+    submit: Submit,
+    make_query: MakeQuery,
+    slo: float,
+    *,
+    pool: str,
+    stage: str,
+    tokens: int | None = None,
+    progress: ProgressHook | None = None,
+) -> Profile:
+    """`profile_pool` as `windve calibrate` runs it: its rounds, scouting, cap and timeout."""
+    return await profile_pool(
+        submit,
+        make_query,
+        slo,
+        query_tokens=options.query_tokens if tokens is None else tokens,
+        rounds=options.rounds,
+        scout_rounds=options.scouting_rounds,
+        max_concurrency=options.max_concurrency,
+        request_timeout=options.request_timeout,
+        pool=pool,
+        stage=stage,
+        progress=progress,
+    )
+
+
 class _PoolCalibrator:
     def __init__(self, options: CalibrationOptions, make_query: MakeQuery, progress: ProgressHook | None) -> None:
         self.options = options
@@ -86,19 +113,9 @@ class _PoolCalibrator:
         self.progress = progress
 
     async def profile(self, name: str, submit: Submit, tokens: int, stage: str) -> Profile:
-        o = self.options
-        return await profile_pool(
-            submit,
-            self.make_query,
-            max(o.slos),
-            query_tokens=tokens,
-            rounds=o.rounds,
-            scout_rounds=o.scouting_rounds,
-            max_concurrency=o.max_concurrency,
-            request_timeout=o.request_timeout,
-            pool=name,
-            stage=stage,
-            progress=self.progress,
+        return await profile_with_options(
+            self.options, submit, self.make_query, max(self.options.slos),
+            pool=name, stage=stage, tokens=tokens, progress=self.progress,
         )
 
     async def calibrate(self, name: str, submit: Submit) -> PoolCalibration:

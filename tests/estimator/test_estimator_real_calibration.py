@@ -114,3 +114,20 @@ def test_calibrate_command_in_process_writes_json_and_png(tmp_path: Path, capsys
     assert "SLO (s)" in captured.out
     recheck = calibration.pools["cpu"].recheck
     assert recheck is not None and f"cpu recheck: C={recheck.concurrency} took" in captured.out
+
+
+def test_choose_cpu_layout_profiles_each_candidate_on_the_real_runtime(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "calibration.json"
+    code = run_cli(
+        "--choose-cpu-layout", "--slo", "0.3", "--rounds", "2", "--max-concurrency", "64",
+        "--out", str(out), "--plot", str(tmp_path / "calibration.png"),
+    )
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    layout = load_calibration(out).cpu_layout
+    assert layout is not None and layout.trials, layout
+    usable = [trial for trial in layout.trials if trial.depth is not None]
+    assert usable and all(trial.depth >= 2 and trial.seconds > 0 for trial in usable), layout.trials
+    # The deepest candidate is kept, and the settings that select it are printed for `windve serve`.
+    assert layout.chosen == max(usable, key=lambda trial: trial.depth).name
+    assert f"CPU layout: chose {layout.chosen}" in captured.out and layout.settings

@@ -24,8 +24,13 @@ from typing import Any
 from estimator.calibration import Calibration, LayoutRecord, save_calibration, to_dict
 from estimator.fit import DEFAULT_HEADROOM, depth_for_slo
 from estimator.layouts import choose_layout
-from estimator.pipeline import CalibrationOptions, CalibrationRunError, calibrate_pools, fit_profile
-from estimator.profile import profile_pool
+from estimator.pipeline import (
+    CalibrationOptions,
+    CalibrationRunError,
+    calibrate_pools,
+    fit_profile,
+    profile_with_options,
+)
 from estimator.rounds import Progress, ProgressHook, timed_request
 
 log = logging.getLogger("windve.calibrate")
@@ -393,18 +398,9 @@ async def _choose_cpu_layout(
         try:
             if "cpu" not in runtime.pool_names:
                 raise UsageError("--choose-cpu-layout: the plan has no cpu pool")
-            profile = await profile_pool(
-                runtime.pool_submitter("cpu"),
-                runtime.make_query,
-                slo,
-                query_tokens=options.query_tokens,
-                rounds=options.rounds,
-                scout_rounds=options.scouting_rounds,
-                max_concurrency=options.max_concurrency,
-                request_timeout=options.request_timeout,
-                pool=f"cpu[{layout.name}]",
-                stage="layout",
-                progress=progress,
+            profile = await profile_with_options(
+                options, runtime.pool_submitter("cpu"), runtime.make_query, slo,
+                pool=f"cpu[{layout.name}]", stage="layout", progress=progress,
             )
             fit = fit_profile("cpu", profile.samples)
             return depth_for_slo(fit, slo, cap=options.max_concurrency, headroom=options.headroom)
