@@ -15,6 +15,9 @@ from typing import Literal
 
 Pooling = Literal["mean", "cls"]
 
+# These number positions from padding_idx + 1 (HF's create_position_ids_from_input_ids).
+ROBERTA_FAMILY = ("roberta", "xlm-roberta", "camembert")
+
 
 class ModelError(ValueError):
     """The model cannot be used: missing, unsafe weights, or an unsupported layout."""
@@ -93,10 +96,17 @@ def load_model_spec(
     )
 
 
+def first_position(config: dict) -> int:
+    """Index of the first token's position embedding: pad_token_id + 1 in the RoBERTa family, else 0."""
+    if config.get("model_type") in ROBERTA_FAMILY:
+        return int(config.get("pad_token_id") or 0) + 1
+    return 0
+
+
 def _sentence_transformers_config(path: Path, config: dict) -> tuple[Pooling, int, bool]:
     pooling: Pooling = "cls"
     normalize = False
-    max_len = int(config.get("max_position_embeddings", 512))
+    max_len = int(config.get("max_position_embeddings", 512)) - first_position(config)
     modules_file = path / "modules.json"
     modules = json.loads(modules_file.read_text()) if modules_file.is_file() else []
     for module in modules:

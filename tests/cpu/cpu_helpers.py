@@ -39,13 +39,16 @@ def write_random_bert(
     layers: int = 3,
     activation: str = "gelu",
     pooling: str = "mean",
+    xlm_roberta: bool = False,
 ) -> Path:
-    """A randomly initialised BertModel saved as a model folder (safetensors + config.json)."""
+    """A randomly initialised BertModel (or XLMRobertaModel: positions from padding_idx + 1) saved
+    as a model folder (safetensors + config.json)."""
     import torch
-    from transformers import BertConfig, BertModel
+    from transformers import BertConfig, BertModel, XLMRobertaConfig, XLMRobertaModel
 
     torch.manual_seed(heads * 1000 + hidden)
-    config = BertConfig(
+    config_class, model_class = (XLMRobertaConfig, XLMRobertaModel) if xlm_roberta else (BertConfig, BertModel)
+    config = config_class(
         vocab_size=120,
         hidden_size=hidden,
         num_attention_heads=heads,
@@ -54,8 +57,9 @@ def write_random_bert(
         max_position_embeddings=64,
         hidden_act=activation,
         initializer_range=0.1,
+        pad_token_id=1 if xlm_roberta else 0,
     )
-    BertModel(config, add_pooling_layer=False).eval().save_pretrained(folder, safe_serialization=True)
+    model_class(config, add_pooling_layer=False).eval().save_pretrained(folder, safe_serialization=True)
     if pooling == "cls":
         (folder / "1_Pooling").mkdir()
         (folder / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_cls_token": True}))

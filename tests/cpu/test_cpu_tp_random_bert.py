@@ -1,5 +1,5 @@
 """Tensor parallelism on random small BERTs: G=2 and G=4 (ranks sharing the 2 cores),
-uneven MLP slices, CLS pooling, and the refusals."""
+uneven MLP slices, CLS pooling, an XLM-R (RoBERTa positions), and the refusals."""
 
 from __future__ import annotations
 
@@ -21,16 +21,18 @@ def models(tmp_path_factory):
     mean = write_random_bert(root / "mean", heads=4)  # MLP 90 wide: uneven slices for G=4
     cls = write_random_bert(root / "cls", heads=8, activation="gelu_new", pooling="cls")
     odd = write_random_bert(root / "odd", heads=6, hidden=48)
-    return {name: load_model_spec(str(path)) for name, path in (("mean", mean), ("cls", cls), ("odd", odd))}
+    xlmr = write_random_bert(root / "xlmr", heads=4, xlm_roberta=True)
+    folders = {"mean": mean, "cls": cls, "odd": odd, "xlmr": xlmr}
+    return {name: load_model_spec(str(path)) for name, path in folders.items()}
 
 
 @pytest.mark.parametrize(
     ("model", "rank_cores"),
-    [("mean", [[0], [1]]), ("mean", [[0], [1], [0], [1]]), ("cls", [[1], [0]])],
+    [("mean", [[0], [1]]), ("mean", [[0], [1], [0], [1]]), ("cls", [[1], [0]]), ("xlmr", [[0], [1]])],
 )
 def test_tp_matches_the_unsharded_model(models, run_async, model, rank_cores):
     spec = models[model]
-    assert spec.pooling == model
+    assert spec.pooling == ("cls" if model == "cls" else "mean")
     instance = CpuWorkerInstance(
         spec, name=f"rand-{model}", rank_cores=rank_cores, numa_nodes=[0] * len(rank_cores)
     )
@@ -91,3 +93,19 @@ def test_a_rank_that_cannot_start_fails_start_and_leaves_nothing(tmp_path, run_a
         run_async(instance.start())
     assert instance.pids == [] and own_segments() == []
     run_async(instance.close())
+
+
+def test_xlm_roberta_positions_start_after_the_padding_index(models, run_async):
+    """64 position embeddings, counted from padding_idx + 1 = 2: 62 tokens fit, 63 are refused."""
+    spec = models["xlmr"]
+    assert spec.max_seq_length == 62
+    instance = CpuWorkerInstance(spec, name="xlmr-long", rank_cores=[[0], [1]], numa_nodes=[0, 0])
+    run_async(instance.start())
+    try:
+        longest = token_batch(2, 120, lengths=[62, 5], seed=3)
+        assert_close(run_async(instance.embed(longest)), reference_embeddings(TorchEngine(spec), longest))
+        with pytest.raises(InstanceFailed, match="63 tokens exceeds the model's 62 positions"):
+            run_async(instance.embed(token_batch(1, 120, lengths=[63], seed=4)))
+        assert_close(run_async(instance.embed(longest)), reference_embeddings(TorchEngine(spec), longest))
+    finally:
+        run_async(instance.close())

@@ -1,5 +1,9 @@
 """What tensor parallelism needs to know about a BERT-family model, read from config.json.
 
+BERT and the RoBERTa family (RoBERTa, XLM-R, CamemBERT) share the encoder; they differ in how
+positions are numbered: RoBERTa counts them from padding_idx + 1, so its first usable position
+embedding is `pad_token_id + 1` and it has that many fewer positions for tokens.
+
 Torch-free, so the instance can refuse an impossible layout before it spawns anything.
 """
 
@@ -9,12 +13,15 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from windve.model import ROBERTA_FAMILY, first_position
+
 
 class TensorParallelError(ValueError):
     """The model cannot be split the way the plan asks."""
 
 
 SUPPORTED_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swish")
+SUPPORTED_MODEL_TYPES = ("bert", *ROBERTA_FAMILY)
 
 
 @dataclass(frozen=True)
@@ -28,19 +35,25 @@ class BertShapes:
     vocab: int
     max_positions: int
     pad_id: int
+    first_position: int = 0  # index of the first token's position embedding
 
     @property
     def head_dim(self) -> int:
         return self.hidden // self.heads
 
+    @property
+    def max_tokens(self) -> int:
+        """The longest sequence the position embeddings cover."""
+        return self.max_positions - self.first_position
+
 
 def read_bert_shapes(model_dir: Path) -> BertShapes:
     config = json.loads((Path(model_dir) / "config.json").read_text())
     kind = config.get("model_type", "bert")
-    if kind != "bert":
-        # RoBERTa-style models number positions from padding_idx + 1; this forward does not.
+    if kind not in SUPPORTED_MODEL_TYPES:
         raise TensorParallelError(
-            f"tensor parallelism supports BERT encoders (model_type 'bert'), not {kind!r}"
+            f"tensor parallelism supports BERT-family encoders (model_type one of "
+            f"{', '.join(SUPPORTED_MODEL_TYPES)}), not {kind!r}"
         )
     if config.get("position_embedding_type", "absolute") != "absolute":
         raise TensorParallelError(
@@ -60,6 +73,7 @@ def read_bert_shapes(model_dir: Path) -> BertShapes:
         vocab=int(config["vocab_size"]),
         max_positions=int(config.get("max_position_embeddings", 512)),
         pad_id=int(config.get("pad_token_id") or 0),
+        first_position=first_position(config),
     )
     if shapes.layers < 1:
         raise TensorParallelError("tensor parallelism needs at least one encoder layer")

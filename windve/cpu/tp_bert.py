@@ -1,4 +1,5 @@
-"""One rank's shard of a BERT encoder and its forward pass (Megatron-style split).
+"""One rank's shard of a BERT-family encoder (BERT, RoBERTa, XLM-R) and its forward pass
+(Megatron-style split).
 
 Rank r of G holds heads [r*h, (r+1)*h) of every attention block (h = heads / G: its rows
 of Wq/Wk/Wv, fused into one matmul, and the matching input columns of the attention
@@ -50,8 +51,8 @@ class _Weights:
         self._where: dict[str, tuple] = {}
         for handle in self._handles:
             for key in handle.keys():  # noqa: SIM118 (a safe_open handle is not a mapping)
-                # BertFor* checkpoints prefix the encoder with "bert."
-                self._where[key.removeprefix("bert.")] = (handle, key)
+                # *For* task checkpoints prefix the encoder with the family's name
+                self._where[key.removeprefix("bert.").removeprefix("roberta.")] = (handle, key)
 
     def get(self, name: str, rows: slice = slice(None), cols: slice | None = None) -> torch.Tensor:
         if name not in self._where:
@@ -139,16 +140,21 @@ class ShardedBert:
     def _reduce(self, partial: torch.Tensor) -> torch.Tensor:
         return self._all_reduce(partial) if self.world > 1 else partial
 
+    def _positions(self, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Position embeddings, [L, hidden] for BERT or [B, L, hidden] for the RoBERTa family."""
+        s = self.shapes
+        if s.first_position == 0:
+            return self.position_embeddings[: attention_mask.shape[1]]
+        # As HF's RoBERTa: tokens count up from padding_idx + 1, padding sits at padding_idx.
+        mask = attention_mask.long()
+        return F.embedding(torch.cumsum(mask, dim=1) * mask + s.pad_id, self.position_embeddings)
+
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """int64 [B, L] ids and 0/1 mask -> last hidden state [B, L, hidden]."""
         batch, length = input_ids.shape
         s = self.shapes
-        x = (
-            F.embedding(input_ids, self.word_embeddings)
-            + self.position_embeddings[:length]
-            + self.type_embedding
-        )
+        x = F.embedding(input_ids, self.word_embeddings) + self._positions(attention_mask) + self.type_embedding
         x = self._norm(x, self.embed_norm)
         # Padded keys are masked out; with no padding at all, no mask (the faster kernel).
         keep = None if bool(attention_mask.all()) else attention_mask.bool()[:, None, None, :]

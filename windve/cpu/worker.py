@@ -218,9 +218,9 @@ class RankServer:
         shapes = self.model.shapes
         if lengths.size == 0:
             return "empty batch"
-        if int(lengths.max()) > shapes.max_positions:
+        if int(lengths.max()) > shapes.max_tokens:
             longest = int(lengths.max())
-            return f"a sequence of {longest} tokens exceeds the model's {shapes.max_positions} positions"
+            return f"a sequence of {longest} tokens exceeds the model's {shapes.max_tokens} positions"
         if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= shapes.vocab):
             return f"token ids must lie in [0, {shapes.vocab})"
         return None
