@@ -51,7 +51,8 @@ def main() -> None:
     tokenizer = TextTokenizer(spec)
     texts = [f"{i} " + tokenizer.text_of_tokens(args.tokens - 1) for i in range(args.queries)]
     sequences = tokenizer.encode(texts, truncate=True)
-    print(f"model {spec.name}, {args.queries} queries of ~{args.tokens} tokens, torch threads {torch.get_num_threads()}")
+    threads = torch.get_num_threads()
+    print(f"model {spec.name}, {args.queries} queries of ~{args.tokens} tokens, torch threads {threads}")
 
     from sentence_transformers import SentenceTransformer
 

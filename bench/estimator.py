@@ -56,8 +56,8 @@ sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != Pa
 from estimator.fit import LengthFit, decide_depth
 from estimator.pipeline import CalibrationOptions, calibrate_pools, fit_profile
 from estimator.profile import profile_pool
-from estimator.report import describe_charge
 from estimator.recheck import SpeedCheck, recheck_speed
+from estimator.report import describe_charge
 from estimator.rounds import MakeQuery, Submit, tail
 from estimator.simulated import ServiceTime, SimulatedPool, constant_query
 from estimator.stress import monotone_depth, stress_test
@@ -242,7 +242,8 @@ def print_methods(pool: Pool, slo: float, step: int, trials: list[Trial], optimu
               f"{share:>15.0%}  {verdict}")
     count = len(trials)
     print(f"within 5% of the optimum: estimate {sum(within(t.estimate.depth, best(t)) for t in trials)}/{count}, "
-          f"step {step} {sum(within(t.stress.depth, best(t)) for t in trials)}/{count}; target met in {met}/{count} runs")
+          f"step {step} {sum(within(t.stress.depth, best(t)) for t in trials)}/{count}; "
+          f"target met in {met}/{count} runs")
 
 
 async def mixed_lengths(

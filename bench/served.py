@@ -43,7 +43,8 @@ wrk.body = {body}
 done = function(summary, latency, requests)
   io.write(string.format("RESULT rps=%.2f p50=%.2f p99=%.2f non2xx=%d sockerr=%d\\n",
     summary.requests / (summary.duration / 1e6), latency:percentile(50) / 1000, latency:percentile(99) / 1000,
-    summary.errors.status, summary.errors.connect + summary.errors.read + summary.errors.write + summary.errors.timeout))
+    summary.errors.status,
+    summary.errors.connect + summary.errors.read + summary.errors.write + summary.errors.timeout))
 end
 """
 
@@ -76,7 +77,10 @@ def run_wrk(port: int, script: Path, clients: int, seconds: int) -> dict:
     ).stdout
     match = re.search(r"RESULT rps=([\d.]+) p50=([\d.]+) p99=([\d.]+) non2xx=(\d+) sockerr=(\d+)", output)
     rps, p50, p99, non2xx, sockerr = match.groups()
-    return {"rps": float(rps), "p50_ms": float(p50), "p99_ms": float(p99), "non2xx": int(non2xx), "socket_errors": int(sockerr)}
+    return {
+        "rps": float(rps), "p50_ms": float(p50), "p99_ms": float(p99),
+        "non2xx": int(non2xx), "socket_errors": int(sockerr),
+    }
 
 
 def main() -> None:
@@ -133,7 +137,10 @@ def main() -> None:
                 process.kill()
     print(f"\nlargest concurrency with p99 <= {args.slo:g} s and only 200s, and the peak req/s:")
     for name, rows in results.items():
-        within = [r["clients"] for r in rows if r["p99_ms"] <= args.slo * 1000 and r["non2xx"] == 0 and r["socket_errors"] == 0]
+        within = [
+            r["clients"] for r in rows
+            if r["p99_ms"] <= args.slo * 1000 and r["non2xx"] == 0 and r["socket_errors"] == 0
+        ]
         print(f"  {name:>8}: {max(within) if within else 'none'} clients; peak {max(r['rps'] for r in rows):.1f} req/s")
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(results, indent=2))

@@ -43,7 +43,8 @@ def choose_accelerators(hardware: Hardware, device: str) -> tuple[Accelerator, .
     found = hardware.accelerators_of(device)
     if not found:
         why = "; ".join(hardware.notes)
-        raise PlanError(f"device={device} but no {ACCELERATOR_NAMES[device]} was detected" + (f" ({why})" if why else ""))
+        reason = f" ({why})" if why else ""
+        raise PlanError(f"device={device} but no {ACCELERATOR_NAMES[device]} was detected{reason}")
     return found
 
 

@@ -81,7 +81,9 @@ def _decide_pools(
         notes.append("heterogeneous off: accelerator pool only, no CPU offload")
         return (PoolSpec("accelerator", tuple(accelerator)),), False
     if not accelerator and not cpu:
-        raise PlanError("no instance can be planned: no accelerator and no usable CPU core left after the reserved ones")
+        raise PlanError(
+            "no instance can be planned: no accelerator and no usable CPU core left after the reserved ones"
+        )
     only = PoolSpec("accelerator", tuple(accelerator)) if accelerator else PoolSpec("cpu", tuple(cpu))
     if heterogeneous:
         notes.append(f"one device kind ({only.name} pool only): heterogeneous forced off")

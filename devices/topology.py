@@ -244,7 +244,9 @@ class _SysfsReader:
         try:
             return int(text.strip())
         except ValueError:
-            raise DeviceError(f"{self.path(relative)} is malformed: expected an integer, got {text.strip()!r}") from None
+            raise DeviceError(
+                f"{self.path(relative)} is malformed: expected an integer, got {text.strip()!r}"
+            ) from None
 
 
 def _read_node_cpus(reader: _SysfsReader, online: set[int], notes: list[str]) -> dict[int, set[int]]:
@@ -281,7 +283,8 @@ def _read_cpu(reader: _SysfsReader, cpu: int, node: int, notes: list[str]) -> Cp
             notes.append(f"no SMT information ({reader.path(base)}/thread_siblings_list missing): each CPU is one core")
         siblings = {cpu}
     elif cpu not in siblings:
-        raise DeviceError(f"{reader.path(base + '/thread_siblings_list')} is malformed: it does not list CPU {cpu} itself")
+        siblings = reader.path(base + "/thread_siblings_list")
+        raise DeviceError(f"{siblings} is malformed: it does not list CPU {cpu} itself")
     return Cpu(
         id=cpu,
         node=node,

@@ -2,9 +2,10 @@
 
 One server takes up to `max_batch_size` queued queries at once and is busy for
 `per_batch + per_query*n + per_token*tokens + per_squared_token*sum(L^2)` seconds (tokens
-summed, or padded to the longest query when `padded`; the last term is attention). It is a real asyncio object serving real concurrent
-requests; only the model is replaced by a known cost, so the algorithms' answers can be
-compared with the analytic optimum (`expected_latencies`, `optimum_depth`).
+summed, or padded to the longest query when `padded`; the last term is attention). It is a real
+asyncio object serving real concurrent requests; only the model is replaced by a known cost, so
+the algorithms' answers can be compared with the analytic optimum (`expected_latencies`,
+`optimum_depth`).
 """
 
 from __future__ import annotations

@@ -16,7 +16,6 @@ import numpy as np
 
 from queue_manager.protocol import Instance
 
-
 PADDING_DECAY = 0.95  # per batch: the padding ratio remembers the last few dozen batches
 
 

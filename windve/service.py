@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 
 import devices
-from queue_manager.manager import QueueManager
-from queue_manager.protocol import Instance
 from estimator import Calibration, CalibrationError, fingerprint_mismatch, load_calibration
 from estimator.calibration import from_dict as calibration_from_dict
+from queue_manager.manager import QueueManager
+from queue_manager.protocol import Instance
 from windve.depths import PROBE_TOKENS, DepthSource, depth_from_calibration, probe_depth
 from windve.engines import create_engine, resolve_dtype
 from windve.instances import EngineInstance

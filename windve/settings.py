@@ -142,5 +142,6 @@ def describe_validation_error(exc: ValidationError) -> str:
         name = ".".join(str(part) for part in error["loc"]) or "settings"
         value = error.get("input")
         shown = f" (got {value!r})" if not isinstance(value, dict) and value is not None else ""
-        lines.append(f"invalid setting {name} (env WINDVE_{str(error['loc'][0]).upper() if error['loc'] else ''}): {error['msg']}{shown}")
+        env = f"WINDVE_{str(error['loc'][0]).upper()}" if error["loc"] else "WINDVE_"
+        lines.append(f"invalid setting {name} (env {env}): {error['msg']}{shown}")
     return "\n".join(lines)

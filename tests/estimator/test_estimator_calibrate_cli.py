@@ -54,7 +54,10 @@ def test_help_states_each_default_once_and_only_real_ones(capsys) -> None:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--out", "/nonexistent-folder/c.json"], "--out /nonexistent-folder/c.json: folder /nonexistent-folder does not exist"),
+        (
+            ["--out", "/nonexistent-folder/c.json"],
+            "--out /nonexistent-folder/c.json: folder /nonexistent-folder does not exist",
+        ),
         (["--out", "{tmp}"], "is a directory"),
         (["--plot", "/proc/version"], "--plot /proc/version is not writable"),
         (["--out", "/proc/calibration.json"], "--out /proc/calibration.json is not writable"),

@@ -38,12 +38,15 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def _sample(c: int, p95: float, tokens: int = 75, failures: int = 0) -> LevelSample:
-    return LevelSample(c, tokens, 3, p95, p95 if math.isinf(p95) else p95 * 1.02, failures, "HTTP 429" if failures else None)
+    worst = p95 if math.isinf(p95) else p95 * 1.02
+    return LevelSample(c, tokens, 3, p95, worst, failures, "HTTP 429" if failures else None)
 
 
 def make_calibration() -> Calibration:
     """A hand-made calibration using every optional part, including a failed (infinite) level."""
-    samples = (_sample(1, 0.03), _sample(2, 0.05), _sample(4, 0.09), _sample(8, 0.17), _sample(16, math.inf, failures=4))
+    samples = (
+        _sample(1, 0.03), _sample(2, 0.05), _sample(4, 0.09), _sample(8, 0.17), _sample(16, math.inf, failures=4)
+    )
     stress = StressResult(8, (0.5, 1.0), (0, 8), 12.5, (_sample(8, 0.17), _sample(16, 1.2)), "p95 1.2 s > SLO 1 s")
     pool = PoolCalibration(
         samples=samples,
@@ -115,8 +118,14 @@ def _broken(mutate) -> dict:
     ("mutate", "message"),
     [
         (lambda d: d["pools"]["cpu"]["fit"].pop("alpha"), r"pools\.cpu\.fit\.alpha: Field required"),
-        (lambda d: d["pools"]["cpu"]["fit"].update(alpha=-0.1), r"pools\.cpu\.fit: alpha and beta must be finite and >= 0"),
-        (lambda d: d["pools"]["cpu"]["fit"].update(beta="fast"), r"pools\.cpu\.fit\.beta: Input should be a valid number"),
+        (
+            lambda d: d["pools"]["cpu"]["fit"].update(alpha=-0.1),
+            r"pools\.cpu\.fit: alpha and beta must be finite and >= 0",
+        ),
+        (
+            lambda d: d["pools"]["cpu"]["fit"].update(beta="fast"),
+            r"pools\.cpu\.fit\.beta: Input should be a valid number",
+        ),
         (lambda d: d.update(schema_version=2), r"schema_version is 2, this windve reads 1: re-run `windve calibrate`"),
         (lambda d: d.update(slos=[0.5, 1.0, 2.0]), r"pools\.cpu\.depths: no entry for SLO 2"),
         (lambda d: d.update(slos=[]), r"slos must be a non-empty list"),
@@ -163,7 +172,8 @@ def test_plot_is_a_png_with_a_panel_per_pool_and_a_length_row(tmp_path: Path) ->
     image = _read_png(plot_calibration(make_calibration(), tmp_path / "fit.png"))
     assert image.shape[:2] == (900, 1200)  # 2 rows x 2 pools at 6x4.5 inches, 100 dpi
     calibration = make_calibration()
-    only_accel = Calibration(calibration.model, "hw", (0.5, 1.0), 75, 3, {"accelerator": calibration.pools["accelerator"]})
+    accelerator_only = {"accelerator": calibration.pools["accelerator"]}
+    only_accel = Calibration(calibration.model, "hw", (0.5, 1.0), 75, 3, accelerator_only)
     assert _read_png(plot_calibration(only_accel, tmp_path / "one.png")).shape[:2] == (450, 600)
 
 

@@ -37,7 +37,6 @@ from estimator.recheck import SpeedCheck, reference_level
 from estimator.rounds import measure_interleaved
 from tests.estimator.cli_runner import run_cli
 
-
 SLO = 1.0
 TOKENS = 75
 CHECK_ROUNDS = 6

@@ -4,7 +4,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-
 from helm_render import CHART_DIR, SCENARIOS, Release, render, scenario_values
 
 

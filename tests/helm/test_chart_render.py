@@ -7,7 +7,6 @@ import posixpath
 from typing import Any
 
 import pytest
-
 from helm_render import (
     FULLNAME,
     NAMESPACE,

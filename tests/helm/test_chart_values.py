@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 import yaml
-
 from helm_render import CHART_DIR, SCENARIOS, render, scenario_values
 
 # Settings the chart sets itself (env), so values.schema.json keeps them out of `config`.

@@ -7,9 +7,7 @@ oldest Kubernetes the chart supports and the newest the package knows.
 
 from __future__ import annotations
 
-
 import pytest
-
 from helm_render import SCENARIOS, Release
 
 # Custom resources have no schema in the core API; the render tests check them field by field.

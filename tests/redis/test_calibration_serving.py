@@ -15,7 +15,6 @@ from estimator.fit import LengthFit, LinearFit
 from estimator.rounds import LevelSample
 from tests.servers import start_server
 
-
 # t = C*(1e-4*L + 2e-7*L^2 + 1e-3) + 0.05: each query is charged L + 0.002*L^2 + 10 tokens.
 LENGTH_FIT = LengthFit(1e-4, 1e-3, 0.05, r2=0.99, points=9, min_length=16, max_length=256, per_token_squared=2e-7)
 
@@ -45,7 +44,8 @@ def cpu_pool(url: str) -> dict:
 
 
 def test_serve_uses_the_calibration_file_and_warns_on_another_machine(tmp_path, model_spec):
-    path = save_calibration(calibration(model_spec.revision, "another-machine", 77, "2026-01-01T00:00:00+00:00"), tmp_path / "cal.json")
+    elsewhere = calibration(model_spec.revision, "another-machine", 77, "2026-01-01T00:00:00+00:00")
+    path = save_calibration(elsewhere, tmp_path / "cal.json")
     server = start_server(tmp_path, "--calibration-file", str(path), "--cache-size", "0")
     try:
         pool = cpu_pool(server.url)
@@ -62,7 +62,7 @@ def test_serve_uses_the_calibration_file_and_warns_on_another_machine(tmp_path, 
 
 
 def test_serve_derives_an_uncalibrated_slo_from_the_fit(tmp_path, model_spec):
-    path = save_calibration(calibration(model_spec.revision, "x", 77, "2026-01-01T00:00:00+00:00"), tmp_path / "cal.json")
+    path = save_calibration(calibration(model_spec.revision, "x", 77, "2026-01-01T00:00:00+00:00"), tmp_path / "c.json")
     server = start_server(tmp_path, "--calibration-file", str(path), "--slo-seconds", "0.5", "--cache-size", "0")
     try:
         assert cpu_pool(server.url)["depth"] == 45  # floor((0.5 - 0.05) / 0.01)

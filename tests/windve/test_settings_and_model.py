@@ -84,7 +84,8 @@ def test_serve_rejects_bad_settings_at_start(tmp_path):
 
 def test_bundled_model_spec(model_spec):
     assert model_spec.name == "sentence-transformers/all-MiniLM-L6-v2"
-    assert (model_spec.pooling, model_spec.max_seq_length, model_spec.normalize, model_spec.dim) == ("mean", 256, True, 384)
+    spec = model_spec
+    assert (spec.pooling, spec.max_seq_length, spec.normalize, spec.dim) == ("mean", 256, True, 384)
     assert len(model_spec.revision) == 16
 
 

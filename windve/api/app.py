@@ -48,7 +48,9 @@ def create_app(settings: Settings, start_runtime: RuntimeFactory = Runtime.start
     app = FastAPI(
         title="WindVE",
         version=windve.__version__,
-        description="Text embeddings on every processor of the server: accelerator first, CPU overflow, BUSY when full.",
+        description=(
+            "Text embeddings on every processor of the server: accelerator first, CPU overflow, BUSY when full."
+        ),
         lifespan=lifespan,
     )
     app.state.settings = settings

@@ -10,8 +10,8 @@ from starlette.requests import Request
 
 from queue_manager.protocol import Busy, QueryFailed, ShuttingDown
 from windve.api import metrics
-from windve.cache import EmbeddingCache, cache_keys
 from windve.api.errors import BACKEND, OVERLOADED, TOO_LARGE, UNHEALTHY, VALIDATION, ApiError
+from windve.cache import EmbeddingCache, cache_keys
 from windve.service import Runtime
 from windve.tokenizer import InputTooLong
 
@@ -112,7 +112,9 @@ class EmbeddingPipeline:
                 429, "the service is shutting down; retry on another replica", OVERLOADED, retry_after=exc.retry_after
             ) from None
         except Busy as exc:
-            raise ApiError(429, "model is overloaded: every queue is full", OVERLOADED, retry_after=exc.retry_after) from None
+            raise ApiError(
+                429, "model is overloaded: every queue is full", OVERLOADED, retry_after=exc.retry_after
+            ) from None
         except QueryFailed as exc:
             raise ApiError(503, f"inference failed: {exc}", BACKEND, retry_after=1) from None
 

@@ -16,8 +16,8 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from fastapi import APIRouter
-from pydantic import BaseModel
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import Response
 
