@@ -180,7 +180,7 @@ async def sweep_optimum(
     pool: Pool, slo: float, rounds: int, max_concurrency: int, misses: int, start: int = 1
 ) -> MethodResult:
     """The step-1 sweep from `start` until `misses` levels in a row miss, read off an isotonic fit.
-    None when even `start` misses: the optimum lies below where the sweep began."""
+    Its depth is None when even `start` misses: the optimum lies below where the sweep began."""
     sweep = await stress_test(
         pool.submit, pool.make_query, [slo], step=1, query_tokens=TOKENS, rounds=rounds,
         max_concurrency=max_concurrency, misses_to_stop=misses, start=start,

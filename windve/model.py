@@ -96,10 +96,15 @@ def load_model_spec(
     )
 
 
+def pad_token_id(config: dict) -> int:
+    """The id that pads batches, from a model's config.json (0 when it names none)."""
+    return int(config.get("pad_token_id") or 0)
+
+
 def first_position(config: dict) -> int:
     """Index of the first token's position embedding: pad_token_id + 1 in the RoBERTa family, else 0."""
     if config.get("model_type") in ROBERTA_FAMILY:
-        return int(config.get("pad_token_id") or 0) + 1
+        return pad_token_id(config) + 1
     return 0
 
 

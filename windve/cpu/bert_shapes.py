@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from windve.model import ROBERTA_FAMILY, first_position
+from windve.model import ROBERTA_FAMILY, first_position, pad_token_id
 
 
 class TensorParallelError(ValueError):
@@ -72,7 +72,7 @@ def read_bert_shapes(model_dir: Path) -> BertShapes:
         eps=float(config.get("layer_norm_eps", 1e-12)),
         vocab=int(config["vocab_size"]),
         max_positions=int(config.get("max_position_embeddings", 512)),
-        pad_id=int(config.get("pad_token_id") or 0),
+        pad_id=pad_token_id(config),
         first_position=first_position(config),
     )
     if shapes.layers < 1:

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 
 from windve.cpu.layout import GroupLayout
 from windve.cpu.numa import bind_memory
-from windve.model import ModelSpec
+from windve.model import ModelSpec, pad_token_id
 
 if TYPE_CHECKING:
     import numpy as np
@@ -122,7 +122,7 @@ def _report(conn: Connection, message: bytes) -> None:
 
 def _pad_id(model_dir: Path) -> int:
     try:
-        return int(json.loads((model_dir / "config.json").read_text()).get("pad_token_id") or 0)
+        return pad_token_id(json.loads((model_dir / "config.json").read_text()))
     except (OSError, ValueError):
         return 0
 
