@@ -45,6 +45,7 @@ class CalibrationOptions:
     request_timeout: float | None = None
     fine_tune_steps: int = 8
     recheck: bool = False  # measure a profiled level again at the end (estimator.recheck)
+    settle: bool = True  # measure the fitted crossing too (estimator.profile.settle_level)
     headroom: float = DEFAULT_HEADROOM  # every method aims at T*(1 - headroom)
 
     @property
@@ -90,7 +91,7 @@ async def profile_with_options(
     tokens: int | None = None,
     progress: ProgressHook | None = None,
 ) -> Profile:
-    """`profile_pool` as `windve calibrate` runs it: its rounds, scouting, cap and timeout."""
+    """`profile_pool` as `windve calibrate` runs it: its rounds, scouting, settling, cap and timeout."""
     return await profile_pool(
         submit,
         make_query,
@@ -100,6 +101,7 @@ async def profile_with_options(
         scout_rounds=options.scouting_rounds,
         max_concurrency=options.max_concurrency,
         request_timeout=options.request_timeout,
+        settle=options.settle,
         pool=pool,
         stage=stage,
         progress=progress,

@@ -16,7 +16,7 @@ import pytest
 from estimator.fit import DEFAULT_HEADROOM, LinearFit, decide_depth, fit_linear
 from estimator.layouts import choose_layout
 from estimator.pipeline import fit_profile
-from estimator.profile import NextLevel, fit_samples, next_level, profile_pool
+from estimator.profile import NextLevel, fit_samples, next_level, profile_pool, settle_level
 from estimator.rounds import LevelSample, Progress, measure_interleaved, measure_level
 from estimator.simulated import ServiceTime, SimulatedPool, constant_query
 from estimator.stress import fine_tune, monotone_depth, stress_test
@@ -152,6 +152,72 @@ def test_a_scout_past_the_slo_does_not_end_the_profile() -> None:
     # Then the aim falls between what met and what missed, measured in full.
     assert all(rounds == 3 and 4 < level <= 16 for level, rounds, _ in shape[3:])
     assert not profile.samples[-1].meets(0.03) and "> SLO" in profile.stop_reason
+
+
+class _Slowing:
+    """A pool that turns slower (by `extra` seconds a request) after its first `fast` requests:
+    a machine that changes speed in the middle of a profile."""
+
+    def __init__(self, pool: SimulatedPool, fast: int, extra: float) -> None:
+        self.pool, self.fast, self.extra, self.requests = pool, fast, extra, 0
+
+    async def submit(self, sequences: Sequence[np.ndarray]) -> None:
+        self.requests += 1
+        if self.requests > self.fast:
+            await asyncio.sleep(self.extra)
+        await self.pool.submit(sequences)
+
+
+def test_a_last_scout_that_misses_in_full_ends_the_profile() -> None:
+    # The warm-up (4), 1 (3 rounds), 4 and 16 (1 round) are 27 requests; the scout at 64 meets in one round
+    # (~0.14 s at a 0.3 s SLO), then the pool slows down and 64 measured in full misses: that is
+    # the miss the profile ends on, rather than an aim at 64 measured in full once more.
+    async def body(pool: SimulatedPool):
+        slowing = _Slowing(pool, fast=4 + 3 + 4 + 16 + 64, extra=0.3)
+        return await profile_pool(slowing.submit, constant_query, 0.3, rounds=3, scout_rounds=1)
+
+    profile = asyncio.run(_with_pool(SERVICE, body))
+    assert [(s.concurrency, s.rounds, s.meets(0.3)) for s in profile.samples] == [
+        (1, 3, True), (4, 1, True), (16, 1, True), (64, 3, False)
+    ]
+    assert profile.stop_reason.startswith("p95 ") and profile.stop_reason.endswith("at C=64")
+
+
+def test_settle_measures_the_fitted_crossing_in_full_and_the_depth_is_read_with_it() -> None:
+    async def body(pool: SimulatedPool):
+        return await profile_pool(pool.submit, constant_query, SLO, rounds=3, scout_rounds=1, settle=True)
+
+    profile = asyncio.run(_with_pool(SERVICE, body))
+    *before, settled = profile.samples
+    # The settled level is the one the fit of everything before it said crosses the SLO, between
+    # the deepest level that met and the aimed one that missed, measured with all the rounds.
+    assert settled.concurrency == settle_level(before, SLO) and settled.rounds == 3
+    deepest_met = max(s.concurrency for s in before if s.meets(SLO))
+    assert deepest_met < settled.concurrency < before[-1].concurrency and not before[-1].meets(SLO)
+    assert f"the fitted crossing C={settled.concurrency} measured too" in profile.stop_reason
+    assert close_to(decide_depth(fit_profile("sim", profile.samples), SLO, cap=256).depth,
+                    SERVICE.optimum_depth(SLO, TOKENS))
+
+
+def test_settle_level_needs_a_bracket_and_a_crossing_not_yet_measured() -> None:
+    # 1 ms per query plus 10 ms: the line crosses 0.2 s at C = 190.
+    met = [_sample(1, 0.011, rounds=5), _sample(64, 0.074, rounds=5)]
+    missed = [*met, _sample(230, 0.24, rounds=5)]
+    assert settle_level(met, 0.2) is None  # nothing missed: the profile has not passed the crossing
+    assert settle_level(missed, 0.2) == 190
+    assert settle_level([*missed, _sample(190, 0.2, rounds=5)], 0.2) is None  # measured already
+    # A scout's miss near the crossing does not count as measured: the crossing is measured in full.
+    with_scout = [*missed, _sample(190, 0.21)]
+    fit = fit_samples(with_scout)
+    assert fit is not None and settle_level(with_scout, 0.2) == math.floor((0.2 - fit.beta) / fit.alpha) > 64
+    # A crossing the fit puts past the level that missed (72.8 > 70), or on one that met (100.3),
+    # is not between them: the depth is read off the bracket as it stands.
+    steep = [_sample(1, 0.01, 5), _sample(50, 0.02, 5), _sample(60, 0.195, 5), _sample(70, 0.25, 5)]
+    assert settle_level(steep, 0.2) is None
+    flat = [_sample(1, 0.01, 5), _sample(50, 0.16, 5), _sample(100, 0.19, 5), _sample(110, 0.205, 5)]
+    assert settle_level(flat, 0.2) is None
+    # A miss by a scout alone brackets nothing: it is measured again in full first.
+    assert settle_level([*met, _sample(230, 0.24)], 0.2) is None
 
 
 def _sample(concurrency: int, p95: float, rounds: int = 1) -> LevelSample:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -13,6 +14,7 @@ import redis
 
 from estimator.calibration import load_calibration
 from tests.estimator.cli_runner import run_cli
+from windve.commands import calibrate
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -49,6 +51,13 @@ def test_help_states_each_default_once_and_only_real_ones(capsys) -> None:
                             ("--scout-rounds SCOUT_ROUNDS", "1")]:
         option_help = text.split(f" {option} ", 1)[1].split(" --", 1)[0]
         assert f"(default: {default}" in option_help, option
+
+
+def test_the_fitted_crossing_is_settled_unless_no_settle_is_given() -> None:
+    parser = argparse.ArgumentParser()
+    calibrate.add_arguments(parser)
+    assert calibrate.options_from_args(parser.parse_args([])).settle is True
+    assert calibrate.options_from_args(parser.parse_args(["--no-settle"])).settle is False
 
 
 @pytest.mark.parametrize(

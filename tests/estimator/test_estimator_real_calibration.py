@@ -71,7 +71,7 @@ def test_estimated_depth_meets_the_slo_and_one_and_a_half_times_it_does_not(cpu_
         profile = loop.run_until_complete(
             profile_pool(
                 submit, runtime.make_query, SLO, query_tokens=TOKENS, rounds=defaults.rounds,
-                scout_rounds=defaults.scouting_rounds, max_concurrency=256, pool="cpu",
+                scout_rounds=defaults.scouting_rounds, max_concurrency=256, settle=defaults.settle, pool="cpu",
             )
         )
         fit = fit_profile("cpu", profile.samples)

@@ -110,6 +110,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="rounds of the levels profiled on the way up, far below the SLO (they grow 4x); "
                              "the last of them and the levels aimed at the SLO get all ROUNDS. As many as "
                              "ROUNDS: every level in full, doubling, ~50%% slower (default: %(default)s)")
+    parser.add_argument("--no-settle", dest="settle", action="store_false",
+                        help="do not measure the level the fit says crosses the SLO once the profile has passed "
+                             "it (saves one level, about ROUNDS x SLO seconds; the depth is then read off levels "
+                             "far from it)")
     parser.add_argument("--max-concurrency", type=_positive(int, "--max-concurrency"), default=256,
                         help="highest concurrency profiled; also caps every depth (default: %(default)s)")
     parser.add_argument("--stress-test", action="store_true",
@@ -157,6 +161,7 @@ def options_from_args(args: argparse.Namespace) -> CalibrationOptions:
         request_timeout=timeout,
         headroom=args.headroom,
         recheck=args.recheck,
+        settle=args.settle,
     )
 
 
