@@ -169,7 +169,7 @@ async def profile_pool(
         return NextLevel(min(max_concurrency, plan.concurrency), scout)
 
     plan = NextLevel(1, scout=False)
-    reason = f"measured {MAX_LEVELS} levels without settling"
+    reason = f"measured {MAX_LEVELS} levels and the aim kept moving"
     ended_on_a_miss = False
     for _ in range(MAX_LEVELS):
         sample = await measure(plan.concurrency, scout_rounds if plan.scout else rounds)
