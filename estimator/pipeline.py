@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from estimator.calibration import Calibration, ModelIdentity, PoolCalibration, SloDepth
 from estimator.fit import (
+    DEFAULT_DEPTH_CAP,
     DEFAULT_HEADROOM,
     LengthFit,
     LinearFit,
@@ -38,7 +39,9 @@ class CalibrationOptions:
     rounds: int = 5
     # Rounds of the levels far below the SLO (estimator.profile); None or `rounds`: no scouting.
     scout_rounds: int | None = 1
-    max_concurrency: int = 256  # also caps every depth: nothing beyond it was measured
+    # Also caps every depth: nothing beyond it was measured. As high as the warm-up probe's cap, so
+    # that calibrating never makes a fast pool (an accelerator's) shallower than serving without it.
+    max_concurrency: int = DEFAULT_DEPTH_CAP
     stress_step: int | None = None  # None: no stress test
     fine_tune: bool = False
     lengths: tuple[int, ...] = ()  # extra query lengths for the length-aware fit

@@ -32,7 +32,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from estimator.fit import LinearFit, fit_linear
+from estimator.fit import DEFAULT_DEPTH_CAP, LinearFit, fit_linear
 from estimator.rounds import (
     LevelSample,
     MakeQuery,
@@ -129,7 +129,7 @@ async def profile_pool(
     rounds: int = 5,
     scout_rounds: int | None = None,
     growth: int | None = None,
-    max_concurrency: int = 256,
+    max_concurrency: int = DEFAULT_DEPTH_CAP,
     min_levels: int = 2,
     overshoot: float = 0.15,
     warmup_concurrency: int = 4,

@@ -106,8 +106,13 @@ def format_report(calibration: Calibration) -> str:
         if pool.recheck is not None:
             lines.append(f"  {name} recheck: {pool.recheck.describe()}")
         for entry in pool.depths:
-            if entry.estimate is None or "capped" in entry.reason:
+            if entry.estimate is None:
                 lines.append(f"  {name} at {entry.slo:g} s: {entry.reason}")
+            elif "capped" in entry.reason:
+                lines.append(
+                    f"  {name} at {entry.slo:g} s: {entry.reason}: the pool may hold the SLO deeper than was "
+                    "measured; calibrate with a larger --max-concurrency to find out"
+                )
     if calibration.cpu_layout is not None:
         trials = ", ".join(
             f"{t.name}: {t.depth if t.depth is not None else ('error' if t.error else 'unusable')} ({t.seconds:.1f} s)"

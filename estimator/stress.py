@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from sklearn.isotonic import IsotonicRegression
 
+from estimator.fit import DEFAULT_DEPTH_CAP
 from estimator.rounds import LevelSample, MakeQuery, ProgressHook, Submit, measure_joint, measure_level, warm_up
 
 
@@ -90,7 +91,7 @@ async def stress_test(
     step: int = 8,
     query_tokens: int = 75,
     rounds: int = 5,
-    max_concurrency: int = 256,
+    max_concurrency: int = DEFAULT_DEPTH_CAP,
     start: int | None = None,
     warmup_concurrency: int = 4,
     request_timeout: float | None = None,
@@ -216,7 +217,7 @@ async def fine_tune(
     query_tokens: int = 75,
     rounds: int = 5,
     max_steps: int = 8,
-    max_concurrency: int = 256,
+    max_concurrency: int = DEFAULT_DEPTH_CAP,
     request_timeout: float | None = None,
     headroom: float = 0.0,
     progress: ProgressHook | None = None,

@@ -6,6 +6,9 @@ import argparse
 import json
 import os
 import re
+import resource
+import subprocess
+import sys
 from pathlib import Path
 
 import matplotlib.image
@@ -47,10 +50,35 @@ def test_help_states_each_default_once_and_only_real_ones(capsys) -> None:
     assert "(default: None)" not in text and "(default: False)" not in text
     assert ") (default:" not in text  # a default stated twice
     for option, default in [("--rounds ROUNDS", "5"), ("--step STEP", "8"), ("--headroom HEADROOM", "0.15"),
-                            ("--max-concurrency MAX_CONCURRENCY", "256"), ("--out OUT", "calibration.json"),
+                            ("--max-concurrency MAX_CONCURRENCY", "4096"), ("--out OUT", "calibration.json"),
                             ("--scout-rounds SCOUT_ROUNDS", "1")]:
         option_help = text.split(f" {option} ", 1)[1].split(" --", 1)[0]
         assert f"(default: {default}" in option_help, option
+
+
+OPEN_FILES_SCRIPT = """
+import resource, sys
+from windve.commands.calibrate import allow_open_files
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, int(sys.argv[1]) if len(sys.argv) > 1 else hard))
+print(allow_open_files(2000))
+print(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+"""
+
+
+def test_profiling_a_server_raises_the_open_file_limit_up_to_the_hard_one() -> None:
+    """One connection per query in flight: a soft limit of 256 would fail every deeper level."""
+    def run(*hard: str) -> list[str]:
+        done = subprocess.run([sys.executable, "-c", OPEN_FILES_SCRIPT, *hard], capture_output=True, text=True,
+                              check=True, timeout=60)
+        return done.stdout.splitlines()
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard < 2000:
+        pytest.skip("this machine's hard open-file limit is below 2000")
+    assert run() == ["None", "2000"]
+    warning, soft = run("512")
+    assert soft == "512" and "open files are limited to 512" in warning and "--max-concurrency" in warning
 
 
 def test_the_fitted_crossing_is_settled_unless_no_settle_is_given() -> None:

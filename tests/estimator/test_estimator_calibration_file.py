@@ -189,6 +189,8 @@ def test_report_is_a_table_iii_like_summary() -> None:
     assert "cpu: t = 0.02*C + 0.01" in text and "token budget: 1800 tokens at 0.5 s" in text
     assert "CPU layout: chose per-node" in text and "tp: error" in text
     assert "cpu recheck: C=8 took 1.24x its profile tail" in text and "--headroom 0.2" in text
+    assert "accelerator at 1 s: capped at 256: the pool may hold the SLO deeper" in text
+    assert "accelerator at 0.5 s" not in text and "larger --max-concurrency" in text
 
 
 def test_pipeline_calibrates_simulated_pools_into_a_valid_file(tmp_path: Path) -> None:

@@ -71,12 +71,13 @@ def test_estimated_depth_meets_the_slo_and_one_and_a_half_times_it_does_not(cpu_
         profile = loop.run_until_complete(
             profile_pool(
                 submit, runtime.make_query, SLO, query_tokens=TOKENS, rounds=defaults.rounds,
-                scout_rounds=defaults.scouting_rounds, max_concurrency=256, settle=defaults.settle, pool="cpu",
+                scout_rounds=defaults.scouting_rounds, max_concurrency=defaults.max_concurrency,
+                settle=defaults.settle, pool="cpu",
             )
         )
         fit = fit_profile("cpu", profile.samples)
         assert fit.r2 > 0.9, profile.samples
-        depth = decide_depth(fit, SLO, cap=256, headroom=defaults.headroom).depth
+        depth = decide_depth(fit, SLO, cap=defaults.max_concurrency, headroom=defaults.headroom).depth
         assert depth is not None and depth >= 2, (fit, profile.samples)
         reference = reference_level(profile.samples)
         assert reference is not None, profile.samples

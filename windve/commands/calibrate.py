@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from estimator.calibration import Calibration, LayoutRecord, save_calibration, to_dict
-from estimator.fit import DEFAULT_HEADROOM, depth_for_slo
+from estimator.fit import DEFAULT_DEPTH_CAP, DEFAULT_HEADROOM, depth_for_slo
 from estimator.layouts import choose_layout
 from estimator.pipeline import (
     CalibrationOptions,
@@ -114,8 +114,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="do not measure the level the fit says crosses the SLO once the profile has passed "
                              "it (saves one level, about ROUNDS x SLO seconds; the depth is then read off levels "
                              "far from it)")
-    parser.add_argument("--max-concurrency", type=_positive(int, "--max-concurrency"), default=256,
-                        help="highest concurrency profiled; also caps every depth (default: %(default)s)")
+    parser.add_argument("--max-concurrency", type=_positive(int, "--max-concurrency"), default=DEFAULT_DEPTH_CAP,
+                        help="highest concurrency profiled; also caps every depth (default: %(default)s, the cap "
+                             "of the depth windve serve probes without a calibration)")
     parser.add_argument("--stress-test", action="store_true",
                         help="also run the stress-test baseline (raise C by --step until the SLO breaks)")
     parser.add_argument("--step", type=_positive(int, "--step"), default=8,
@@ -326,6 +327,32 @@ async def _in_process(
     return dataclasses.replace(calibration, cpu_layout=layout)
 
 
+# What the process holds open besides its connections: the interpreter, the tokenizer, the terminal.
+_FILES_BESIDE_CONNECTIONS = 64
+
+
+def allow_open_files(wanted: int) -> str | None:
+    """Raise this process's soft open-file limit to `wanted` (at most the hard limit).
+
+    Profiling a server holds one connection per query in flight, and the soft limit is often 1024
+    while the hard one is far higher: without this, a deep level would fail with "Too many open
+    files" and be read as a miss. Returns what still falls short, or None.
+    """
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= wanted:
+        return None
+    raised = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+    if raised >= wanted:
+        return None
+    return (
+        f"open files are limited to {raised} (ulimit -n, hard limit), so levels beyond "
+        f"~{raised - _FILES_BESIDE_CONNECTIONS} queries in flight will fail; raise the limit or lower --max-concurrency"
+    )
+
+
 async def _over_http(
     args: argparse.Namespace, settings: Any, spec: Any, options: CalibrationOptions, progress: ProgressHook
 ) -> Calibration:
@@ -335,6 +362,9 @@ async def _over_http(
     from windve.tokenizer import load_fast_tokenizer
 
     texts = ExactLengthTexts(load_fast_tokenizer(spec.path))
+    short = allow_open_files(options.max_concurrency + _FILES_BESIDE_CONNECTIONS)
+    if short:
+        print(f"{PROG}: warning: {short}", file=sys.stderr)
     headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
     # No client-side connection cap: queuing in the client would be timed as server latency.
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
