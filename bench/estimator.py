@@ -1,7 +1,8 @@
 """Estimator vs stress test vs the true optimum, and token budget vs fixed depth on mixed lengths.
 
 Section `methods` (paper Table III): for each pool, the depth and wall time of
-  - the estimate (profile as `windve calibrate`: scouted levels, aimed levels, the settled crossing; linear fit),
+  - the estimate (profile as `windve calibrate`: scouted levels, aimed levels, the settled crossing; linear fit;
+    `--scout-aims` as `windve calibrate --scout-aims`),
   - the stress test (raise C by --step, default 8, until the SLO breaks),
   - the optimum (stress test with step 1, swept on past the first miss until --misses
     levels in a row miss, read off an isotonic fit so that one noisy level does not decide),
@@ -115,12 +116,12 @@ class Trial:
 
 async def run_trial(
     pool: Pool, slo: float, rounds: int, step: int, max_concurrency: int, scout_rounds: int | None,
-    local_misses: int | None = None, settle: bool = True,
+    local_misses: int | None = None, settle: bool = True, scout_aims: bool = False,
 ) -> Trial:
     started = time.perf_counter()
     profile = await profile_pool(
         pool.submit, pool.make_query, slo, query_tokens=TOKENS, rounds=rounds, scout_rounds=scout_rounds,
-        max_concurrency=max_concurrency, settle=settle,
+        max_concurrency=max_concurrency, settle=settle, scout_aims=scout_aims,
     )
     estimate = decide_depth(fit_profile(pool.name, profile.samples), slo, cap=max_concurrency).depth
     estimated = MethodResult("estimate (profile + fit)", estimate, time.perf_counter() - started)
@@ -150,7 +151,7 @@ async def run_trial(
 
 async def compare_methods(
     pool: Pool, slo: float, rounds: int, step: int, max_concurrency: int, misses: int, repeats: int,
-    scout_rounds: int | None, local: bool = False, settle: bool = True,
+    scout_rounds: int | None, local: bool = False, settle: bool = True, scout_aims: bool = False,
 ) -> tuple[list[Trial], MethodResult | None]:
     """`repeats` trials (estimate, then step N) with the step-1 optimum swept once, in the middle,
     so that trials before and after it share out the machine's slow and fast spells; with
@@ -160,7 +161,7 @@ async def compare_methods(
 
     async def run_one() -> Trial:
         return await run_trial(
-            pool, slo, rounds, step, max_concurrency, scout_rounds, misses if local else None, settle
+            pool, slo, rounds, step, max_concurrency, scout_rounds, misses if local else None, settle, scout_aims
         )
 
     for _ in range((repeats + 1) // 2):
@@ -378,6 +379,8 @@ def main() -> None:
     parser.add_argument("--no-settle", dest="settle", action="store_false",
                         help="the estimate's profile does not measure its fitted crossing "
                              "(as `windve calibrate --no-settle`)")
+    parser.add_argument("--scout-aims", action="store_true",
+                        help="the estimate's profile scouts its aimed levels too (as `windve calibrate --scout-aims`)")
     parser.add_argument("--max-concurrency", type=int, default=1024)
     parser.add_argument("--misses", type=int, default=8,
                         help="the step-1 optimum sweep stops after this many levels in a row miss")
@@ -397,7 +400,7 @@ def main() -> None:
             for pool in chosen if section in sections else []:
                 trials, optimum = await compare_methods(
                     pool, slo, args.rounds, args.step, args.max_concurrency, args.misses, args.repeats,
-                    args.scout_rounds, local=section == "local", settle=args.settle,
+                    args.scout_rounds, local=section == "local", settle=args.settle, scout_aims=args.scout_aims,
                 )
                 print_methods(pool, slo, args.step, trials, optimum)
         if "optimum" in sections:

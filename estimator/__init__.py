@@ -4,7 +4,8 @@ Imports nothing from `windve`: a pool is "something to submit queries to", an as
 callable taking one request's token-id sequences (see `estimator.rounds.Submit`).
 
 - rounds      the closed-loop workload (C one-query requests together, next round after all)
-- profile     scouted (`windve calibrate`'s default) or doubling levels, then aimed ones, until p95 passes the SLO
+- profile     scouted (`windve calibrate`'s default) or doubling levels, then aimed ones, until p95 passes the SLO,
+              then the fitted crossing
 - fit         t = alpha*C + beta (alpha, beta >= 0), C_max per SLO, length-aware token budget
 - stress      stress-test baseline (fixed step) and fine-tuning with all pools loaded
 - layouts     keep the CPU layout with the largest CPU depth

@@ -49,6 +49,7 @@ class CalibrationOptions:
     fine_tune_steps: int = 8
     recheck: bool = False  # measure a profiled level again at the end (estimator.recheck)
     settle: bool = True  # measure the fitted crossing too (estimator.profile.settle_level)
+    scout_aims: bool = False  # scout the aimed levels too: cheaper, less steady (estimator.profile)
     headroom: float = DEFAULT_HEADROOM  # every method aims at T*(1 - headroom)
 
     @property
@@ -105,6 +106,7 @@ async def profile_with_options(
         max_concurrency=options.max_concurrency,
         request_timeout=options.request_timeout,
         settle=options.settle,
+        scout_aims=options.scout_aims,
         pool=pool,
         stage=stage,
         progress=progress,

@@ -8,7 +8,8 @@ weighted by their rounds in every fit.
 With `scout_rounds` below `rounds` (what `windve calibrate` does by default) the growth levels
 (1, 4, 16, ...) get `scout_rounds` rounds and only find the slope and where to aim; the first
 level (one query, cheap, it anchors the intercept) and the aimed ones get the full rounds, and
-so does the last scout before the aim, measured again (C = 64 at a depth of ~200). Without
+so does the last scout before the aim, measured again (C = 64 at a depth of ~200), unless
+`scout_aims` (below). Without
 scouting, levels double (1, 2, 4, ...), each with the full rounds. A level costs its rounds
 times its latency, and the levels below the crossing add up to about as much as the crossing
 level itself, so what a profile costs is mostly how many aimed levels it needs: an aimed level
@@ -16,13 +17,23 @@ that still meets needs another, as costly. The aim is 15 % past the predicted cr
 the slope read from C = 64 moves by +-20 % here with the machine's speed: 5 % past it, 5 of 7
 scouted profiles needed a second aimed level (median 14.2 s); 15 % past it, 1 of 7 (9.0 s).
 
-With `settle` (what `windve calibrate` does by default), once a level measured in full has
-missed, the level the fit says crosses the SLO is measured too, in full, and joins the fit. The
-aimed levels lie past the crossing and the others far below it, so without it the depth is read
-off a line between points none of which is near it; near the crossing the latency here rises
-more steeply than that line, and the depth came out low. In 24 profiles on a steady evening,
-each read without and with its settled level (a step-1 sweep between blocks of 8 found 253-255):
-within 5 % of 254 in 16 and 20, mean error -3.7 % and -2.5 %, for one more level (~6 s).
+With `settle` (what `windve calibrate` does by default), once a level has missed, the level the
+fit says crosses the SLO is measured too, in full, and joins the fit. The aimed levels lie past
+the crossing and the others far below it, so without it the depth is read off a line between
+points none of which is near it; near the crossing the latency here rises more steeply than that
+line, and the depth came out low. In 24 profiles on a steady evening, each read without and with
+its settled level (a step-1 sweep between blocks of 8 found 253-255): within 5 % of 254 in 16 and
+20, mean error -3.7 % and -2.5 %, for one more level (~6 s).
+
+With `scout_aims` too (`windve calibrate --scout-aims`), the settled level is the only one
+measured in full near the crossing: the aimed levels are scouted as well, the last growth scout
+is not measured again, and the first scout that misses brackets the crossing. Only C = 1 and
+the settled level get the full rounds, which halves what a profile costs, but the depth then
+rests on one level in full near the crossing rather than three, and a one-round scout that
+misses by 20 % puts the settled level that much low. In 12 interleaved pairs on a noisy morning
+here (README, Calibration): at 1 s, 9.4 s against 21.3 s (medians) and within 5 % of 254 in 7
+against 11 of 12; at 0.5 s, 4.4 s against 8.7 s and within 5 % of 126 in 6 against 4 of 12.
+A scouted miss with no fitted crossing between it and what met is measured again in full.
 """
 
 from __future__ import annotations
@@ -98,9 +109,10 @@ def next_level(samples: Sequence[LevelSample], slo: float, overshoot: float, gro
     return NextLevel(level, False)
 
 
-def settle_level(samples: Sequence[LevelSample], slo: float) -> int | None:
+def settle_level(samples: Sequence[LevelSample], slo: float, scouted_miss: bool = False) -> int | None:
     """The level the fit says crosses `slo`, when it lies between the deepest level that met and
-    the shallowest one measured in full above it that missed, and has not been measured in full.
+    the shallowest one above it that missed (measured in full, or at all with `scouted_miss`),
+    and has not been measured in full.
 
     None when there is nothing to settle: no fit, no slope, no miss above what met, or the
     crossing falls on or outside the measured bracket (the depth is then read off those levels).
@@ -110,7 +122,10 @@ def settle_level(samples: Sequence[LevelSample], slo: float) -> int | None:
         return None
     full = max(sample.rounds for sample in samples)
     deepest_met = max((s.concurrency for s in samples if s.meets(slo)), default=0)
-    missed = [s.concurrency for s in samples if s.rounds == full and not s.meets(slo) and s.concurrency > deepest_met]
+    missed = [
+        s.concurrency for s in samples
+        if (scouted_miss or s.rounds == full) and not s.meets(slo) and s.concurrency > deepest_met
+    ]
     if not missed:
         return None
     level = math.floor((slo - fit.beta) / fit.alpha)
@@ -135,6 +150,7 @@ async def profile_pool(
     warmup_concurrency: int = 4,
     request_timeout: float | None = None,
     settle: bool = False,
+    scout_aims: bool = False,
     pool: str = "pool",
     stage: str = "profile",
     progress: ProgressHook | None = None,
@@ -143,13 +159,17 @@ async def profile_pool(
 
     `scout_rounds` None (the default) scouts nothing: every level gets `rounds` and levels
     double. With fewer scout rounds, levels grow 4x (`growth`) while scouting. With `settle`,
-    the fitted crossing is measured last (`settle_level`).
+    the fitted crossing is measured last (`settle_level`). With `scout_aims` as well (and
+    scouting), the aims are scouted too and the first scout that misses ends the profile,
+    followed by the crossing below it.
     """
     scout_rounds = rounds if scout_rounds is None else min(scout_rounds, rounds)
     if growth is None:
         growth = 4 if scout_rounds < rounds else 2
     if slo <= 0 or rounds < 1 or scout_rounds < 1 or max_concurrency < 1 or query_tokens < 1 or growth < 2:
         raise ValueError("slo, rounds, scout_rounds, max_concurrency and query_tokens must be positive, growth >= 2")
+    if scout_aims and not settle:
+        raise ValueError("scout_aims needs settle: the settled crossing is then the only level in full near it")
     started = time.perf_counter()
     await warm_up(submit, make_query, query_tokens, min(warmup_concurrency, max_concurrency), request_timeout)
     samples: list[LevelSample] = []
@@ -160,35 +180,52 @@ async def profile_pool(
             timeout=request_timeout, stage=stage, pool=pool, progress=progress,
         )
 
+    # The settled crossing is the level measured in full near the boundary; the aimed levels only
+    # find a miss past it.
+    lean = scout_aims and scout_rounds < rounds
+
     def plan_next() -> NextLevel:
         plan = next_level(samples, slo, overshoot, growth)
         # A growth level is a scout only when it gets fewer rounds: one measured in full that
         # misses ends the profile (measuring it again would only repeat it). The deepest level
         # allowed is always measured in full: the profile may end there.
-        scout = plan.scout and scout_rounds < rounds and plan.concurrency < max_concurrency
+        scouted = plan.scout or (lean and not missed_by_scout())
+        scout = scouted and scout_rounds < rounds and plan.concurrency < max_concurrency
         return NextLevel(min(max_concurrency, plan.concurrency), scout)
+
+    def missed_by_scout() -> bool:
+        return any(s.rounds < rounds and not s.meets(slo) for s in samples)
+
+    def missed(sample: LevelSample) -> str:
+        return f"p95 {sample.p95:.3f} s > SLO {slo:g} s at C={sample.concurrency}"
 
     plan = NextLevel(1, scout=False)
     reason = f"measured {MAX_LEVELS} levels and the aim kept moving"
-    ended_on_a_miss = False
+    crossing: int | None = None
     for _ in range(MAX_LEVELS):
         sample = await measure(plan.concurrency, scout_rounds if plan.scout else rounds)
         samples.append(sample)
-        if plan.scout and sample.meets(slo) and not plan_next().scout:
+        if lean and plan.scout and not sample.meets(slo) and len(samples) >= min_levels:
+            # Past the SLO by one round: the crossing below it is what remains to measure in full.
+            crossing = settle_level(samples, slo, scouted_miss=True)
+            if crossing is not None:
+                reason = f"{missed(sample)} (scouted)"
+                break
+            # No fitted crossing between what met and this miss: the miss is measured again in full.
+        if plan.scout and sample.meets(slo) and not lean and not plan_next().scout:
             # The last scout before the aim is measured again in full: with C = 1 and the aimed
             # levels it carries the fit, so the depth does not rest on the aimed level alone. If
             # in full it misses, it is the aimed level: the profile ends on it.
             sample = samples[-1] = await measure(sample.concurrency, rounds)
             plan = NextLevel(sample.concurrency, scout=False)
         if not plan.scout and len(samples) >= min_levels and not sample.meets(slo):
-            reason = f"p95 {sample.p95:.3f} s > SLO {slo:g} s at C={plan.concurrency}"
-            ended_on_a_miss = True
+            reason = missed(sample)
+            crossing = settle_level(samples, slo) if settle else None
             break
         if not plan.scout and plan.concurrency >= max_concurrency:
             reason = f"reached max concurrency {max_concurrency} within the SLO"
             break
         plan = plan_next()
-    crossing = settle_level(samples, slo) if settle and ended_on_a_miss else None
     if crossing is not None:
         samples.append(await measure(crossing, rounds))
         reason += f"; the fitted crossing C={crossing} measured too"

@@ -53,9 +53,10 @@ class SpeedCheck:
 def reference_level(samples: Sequence[LevelSample]) -> LevelSample | None:
     """The deepest answered level among those the profile measured with its full rounds.
 
-    That is the level aimed at the SLO crossing: nearest to the depth, and measured as well as
-    the recheck measures it. A scouted level (one round) is no reference: its tail alone moved
-    by up to 1.3x against six rounds of the same level in the same minute.
+    That is the level aimed past the SLO crossing (with `scout_aims`, the settled crossing):
+    nearest to the depth, and measured as well as the recheck measures it. A scouted level (one
+    round) is no reference: its tail alone moved by up to 1.3x against six rounds of the same
+    level in the same minute.
     """
     answered = [sample for sample in samples if math.isfinite(sample.p95) and sample.p95 > 0]
     most = max((sample.rounds for sample in answered), default=0)

@@ -199,6 +199,51 @@ def test_settle_measures_the_fitted_crossing_in_full_and_the_depth_is_read_with_
                     SERVICE.optimum_depth(SLO, TOKENS))
 
 
+def test_scouting_the_aims_ends_on_the_first_scout_that_misses_and_settles_the_crossing_below_it() -> None:
+    async def body(pool: SimulatedPool):
+        return await profile_pool(
+            pool.submit, constant_query, SLO, rounds=3, scout_rounds=1, settle=True, scout_aims=True
+        )
+
+    profile = asyncio.run(_with_pool(SERVICE, body))
+    *before, settled = profile.samples
+    # One query in full, every other level scouted up to the first miss (the aimed ones too), then
+    # the level the fit of those says crosses the SLO, in full.
+    assert [s.rounds for s in profile.samples] == [3] + [1] * (len(before) - 1) + [3]
+    assert all(s.meets(SLO) for s in before[:-1]) and not before[-1].meets(SLO)
+    assert settled.concurrency == settle_level(before, SLO, scouted_miss=True)
+    deepest_met = max(s.concurrency for s in before if s.meets(SLO))
+    assert deepest_met < settled.concurrency < before[-1].concurrency
+    assert f"at C={before[-1].concurrency} (scouted); the fitted crossing C={settled.concurrency} measured too" in (
+        profile.stop_reason
+    )
+    assert close_to(decide_depth(fit_profile("sim", profile.samples), SLO, cap=256).depth,
+                    SERVICE.optimum_depth(SLO, TOKENS))
+
+
+def test_a_scouted_aim_that_missed_without_a_crossing_below_it_is_measured_again_in_full() -> None:
+    # Batches of 4 that cost the same whatever they hold: 1 and 4 take 10 ms, the scout at 16
+    # (four batches) 40 ms. At a 12 ms SLO the fit through them crosses at C = 4, which met:
+    # there is nothing between to settle, so the scout's miss is measured again in full.
+    flat_batches = ServiceTime(per_batch=0.01, per_query=0.0001, max_batch_size=4)
+
+    async def body(pool: SimulatedPool):
+        return await profile_pool(
+            pool.submit, constant_query, 0.012, rounds=3, scout_rounds=1, settle=True, scout_aims=True
+        )
+
+    profile = asyncio.run(_with_pool(flat_batches, body))
+    shape = [(s.concurrency, s.rounds, s.meets(0.012)) for s in profile.samples]
+    assert shape[:3] == [(1, 3, True), (4, 1, True), (16, 1, False)]
+    assert settle_level(profile.samples[:3], 0.012, scouted_miss=True) is None
+    assert shape[3][1] == 3 and 4 < shape[3][0] <= 16 and "(scouted)" not in profile.stop_reason
+
+
+def test_scouting_the_aims_needs_the_settled_crossing() -> None:
+    with pytest.raises(ValueError, match="scout_aims needs settle"):
+        asyncio.run(profile_pool(constant_query, constant_query, SLO, scout_rounds=1, scout_aims=True))
+
+
 def test_settle_level_needs_a_bracket_and_a_crossing_not_yet_measured() -> None:
     # 1 ms per query plus 10 ms: the line crosses 0.2 s at C = 190.
     met = [_sample(1, 0.011, rounds=5), _sample(64, 0.074, rounds=5)]
@@ -216,8 +261,14 @@ def test_settle_level_needs_a_bracket_and_a_crossing_not_yet_measured() -> None:
     assert settle_level(steep, 0.2) is None
     flat = [_sample(1, 0.01, 5), _sample(50, 0.16, 5), _sample(100, 0.19, 5), _sample(110, 0.205, 5)]
     assert settle_level(flat, 0.2) is None
-    # A miss by a scout alone brackets nothing: it is measured again in full first.
-    assert settle_level([*met, _sample(230, 0.24)], 0.2) is None
+    # A miss by a scout alone brackets nothing unless the profile scouts its aims too (it settles
+    # then on the scout's miss).
+    scouted_miss = [*met, _sample(230, 0.24)]
+    assert settle_level(scouted_miss, 0.2) is None
+    fit = fit_samples(scouted_miss)
+    assert fit is not None and settle_level(scouted_miss, 0.2, scouted_miss=True) == math.floor(
+        (0.2 - fit.beta) / fit.alpha
+    )
 
 
 def _sample(concurrency: int, p95: float, rounds: int = 1) -> LevelSample:

@@ -88,6 +88,13 @@ def test_the_fitted_crossing_is_settled_unless_no_settle_is_given() -> None:
     assert calibrate.options_from_args(parser.parse_args(["--no-settle"])).settle is False
 
 
+def test_the_aims_are_measured_in_full_unless_scout_aims_is_given() -> None:
+    parser = argparse.ArgumentParser()
+    calibrate.add_arguments(parser)
+    assert calibrate.options_from_args(parser.parse_args([])).scout_aims is False
+    assert calibrate.options_from_args(parser.parse_args(["--scout-aims"])).scout_aims is True
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -102,6 +109,7 @@ def test_the_fitted_crossing_is_settled_unless_no_settle_is_given() -> None:
         (["--query-tokens", "100000"], "query length 100000 is outside 3..256 tokens"),
         (["--lengths", "2,75"], "query length 2 is outside 3..256"),
         (["--rounds", "2", "--scout-rounds", "3"], "--scout-rounds 3 is more than --rounds 2"),
+        (["--scout-aims", "--no-settle"], "--scout-aims needs the settled crossing: drop --no-settle"),
         (["--url", "ftp://host"], "--url must start with http:// or https://"),
         (["--url", "http://127.0.0.1:9", "--pools", "cpu"], "--pools and --choose-cpu-layout need the in-process mode"),
     ],

@@ -114,6 +114,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="do not measure the level the fit says crosses the SLO once the profile has passed "
                              "it (saves one level, about ROUNDS x SLO seconds; the depth is then read off levels "
                              "far from it)")
+    parser.add_argument("--scout-aims", action="store_true",
+                        help="scout the levels aimed at the SLO too, and do not measure the last scout again: only "
+                             "C=1 and the settled crossing get all ROUNDS. About half the time; the depth rests on "
+                             "one level in full near the crossing, so it moves more with a noisy machine")
     parser.add_argument("--max-concurrency", type=_positive(int, "--max-concurrency"), default=DEFAULT_DEPTH_CAP,
                         help="highest concurrency profiled; also caps every depth (default: %(default)s, the cap "
                              "of the depth windve serve probes without a calibration)")
@@ -163,6 +167,7 @@ def options_from_args(args: argparse.Namespace) -> CalibrationOptions:
         headroom=args.headroom,
         recheck=args.recheck,
         settle=args.settle,
+        scout_aims=args.scout_aims,
     )
 
 
@@ -196,6 +201,8 @@ def check_args(args: argparse.Namespace, max_tokens: int, min_tokens: int = 3) -
         raise UsageError(
             f"--scout-rounds {args.scout_rounds} is more than --rounds {args.rounds}: scouting is the cheap look"
         )
+    if args.scout_aims and not args.settle:
+        raise UsageError("--scout-aims needs the settled crossing: drop --no-settle")
     if args.url:
         if not args.url.startswith(("http://", "https://")):
             raise UsageError(f"--url must start with http:// or https://, got {args.url!r}")
