@@ -9,21 +9,20 @@ With `scout_rounds` below `rounds` (what `windve calibrate` does by default) the
 (1, 4, 16, ...) get `scout_rounds` rounds and only find the slope and where to aim; the first
 level (one query, cheap, it anchors the intercept) and the aimed ones get the full rounds, and
 so does the last scout before the aim, measured again (C = 64 at a depth of ~200), unless
-`scout_aims` (below). Without
-scouting, levels double (1, 2, 4, ...), each with the full rounds. A level costs its rounds
+`scout_aims` (below). Without scouting, levels double (1, 2, 4, ...), each with the full rounds. A level costs its rounds
 times its latency, and the levels below the crossing add up to about as much as the crossing
 level itself, so what a profile costs is mostly how many aimed levels it needs: an aimed level
 that still meets needs another, as costly. The aim is 15 % past the predicted crossing because
 the slope read from C = 64 moves by +-20 % here with the machine's speed: 5 % past it, 5 of 7
 scouted profiles needed a second aimed level (median 14.2 s); 15 % past it, 1 of 7 (9.0 s).
 
-With `settle` (what `windve calibrate` does by default), once a level has missed, the level the
-fit says crosses the SLO is measured too, in full, and joins the fit. The aimed levels lie past
-the crossing and the others far below it, so without it the depth is read off a line between
-points none of which is near it; near the crossing the latency here rises more steeply than that
-line, and the depth came out low. In 24 profiles on a steady evening, each read without and with
-its settled level (a step-1 sweep between blocks of 8 found 253-255): within 5 % of 254 in 16 and
-20, mean error -3.7 % and -2.5 %, for one more level (~6 s).
+With `settle` (what `windve calibrate` does by default), once a level measured in full has
+missed, the level the fit says crosses the SLO is measured too, in full, and joins the fit. The
+aimed levels lie past the crossing and the others far below it, so without it the depth is read
+off a line between points none of which is near it; near the crossing the latency here rises
+more steeply than that line, and the depth came out low. In 24 profiles on a steady evening,
+each read without and with its settled level (a step-1 sweep between blocks of 8 found 253-255):
+within 5 % of 254 in 16 and 20, mean error -3.7 % and -2.5 %, for one more level (~6 s).
 
 With `scout_aims` too (`windve calibrate --scout-aims`), the settled level is the only one
 measured in full near the crossing: the aimed levels are scouted as well, the last growth scout
