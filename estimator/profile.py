@@ -10,10 +10,9 @@ With `scout_rounds` below `rounds` (what `windve calibrate` does by default) the
 level (one query, cheap, it anchors the intercept) and the aimed ones get the full rounds, and
 so does the last scout before the aim, measured again (C = 64 at a depth of ~200), unless
 `scout_aims` (below). Without scouting, levels double (1, 2, 4, ...), each with the full rounds.
-A level costs its rounds
-times its latency, and the levels below the crossing add up to about as much as the crossing
-level itself, so what a profile costs is mostly how many aimed levels it needs: an aimed level
-that still meets needs another, as costly. The aim is 15 % past the predicted crossing because
+A level costs its rounds times its latency, and the levels below the crossing add up to about
+as much as the crossing level itself, so what a profile costs is mostly how many aimed levels it
+needs: an aimed level that still meets needs another, as costly. The aim is 15 % past the predicted crossing because
 the slope read from C = 64 moves by +-20 % here with the machine's speed: 5 % past it, 5 of 7
 scouted profiles needed a second aimed level (median 14.2 s); 15 % past it, 1 of 7 (9.0 s).
 
