@@ -12,9 +12,10 @@ so does the last scout before the aim, measured again (C = 64 at a depth of ~200
 `scout_aims` (below). Without scouting, levels double (1, 2, 4, ...), each with the full rounds.
 A level costs its rounds times its latency, and the levels below the crossing add up to about
 as much as the crossing level itself, so what a profile costs is mostly how many aimed levels it
-needs: an aimed level that still meets needs another, as costly. The aim is 15 % past the predicted crossing because
-the slope read from C = 64 moves by +-20 % here with the machine's speed: 5 % past it, 5 of 7
-scouted profiles needed a second aimed level (median 14.2 s); 15 % past it, 1 of 7 (9.0 s).
+needs: an aimed level that still meets needs another, as costly. The aim is 15 % past the
+predicted crossing because the slope read from C = 64 moves by +-20 % here with the machine's
+speed: 5 % past it, 5 of 7 scouted profiles needed a second aimed level (median 14.2 s); 15 %
+past it, 1 of 7 (9.0 s).
 
 With `settle` (what `windve calibrate` does by default), once a level measured in full has
 missed, the level the fit says crosses the SLO is measured too, in full, and joins the fit. The
