@@ -2,7 +2,7 @@
 
 Section `methods` (paper Table III): for each pool, the depth and wall time of
   - the estimate (profile as `windve calibrate`: scouted levels, aimed levels, the settled crossing; linear fit;
-    `--scout-aims` as `windve calibrate --scout-aims`),
+    `--scout-aims` / `--full-aims` as in `windve calibrate`),
   - the stress test (raise C by --step, default 8, until the SLO breaks),
   - the optimum (stress test with step 1, swept on past the first miss until --misses
     levels in a row miss, read off an isotonic fit so that one noisy level does not decide),
@@ -112,11 +112,12 @@ class Trial:
     stress: MethodResult
     speeds: list[tuple[str, SpeedCheck]]
     optimum: MethodResult | None = None  # swept right after (section `local`)
+    profile_stop: str = ""  # why the estimate's profile stopped, and how it measured its aims
 
 
 async def run_trial(
     pool: Pool, slo: float, rounds: int, step: int, max_concurrency: int, scout_rounds: int | None,
-    local_misses: int | None = None, settle: bool = True, scout_aims: bool = False,
+    local_misses: int | None = None, settle: bool = True, scout_aims: bool | None = None,
 ) -> Trial:
     started = time.perf_counter()
     profile = await profile_pool(
@@ -146,12 +147,12 @@ async def run_trial(
     if local_misses is not None:
         start = max(1, min(estimate or 1, stress.depths[0] or 1) * 3 // 4)
         optimum = await sweep_optimum(pool, slo, rounds, max_concurrency, local_misses, start=start)
-    return Trial(estimated, stressed, speeds, optimum)
+    return Trial(estimated, stressed, speeds, optimum, profile.stop_reason)
 
 
 async def compare_methods(
     pool: Pool, slo: float, rounds: int, step: int, max_concurrency: int, misses: int, repeats: int,
-    scout_rounds: int | None, local: bool = False, settle: bool = True, scout_aims: bool = False,
+    scout_rounds: int | None, local: bool = False, settle: bool = True, scout_aims: bool | None = None,
 ) -> tuple[list[Trial], MethodResult | None]:
     """`repeats` trials (estimate, then step N) with the step-1 optimum swept once, in the middle,
     so that trials before and after it share out the machine's slow and fast spells; with
@@ -171,6 +172,7 @@ async def compare_methods(
     for _ in range(repeats // 2):
         trials.append(await run_one())
     for number, trial in enumerate(trials, 1):
+        print(f"[{pool.name}] run {number}: the estimate's profile stopped: {trial.profile_stop}")
         if trial.speeds:
             reference = trial.speeds[0][1]
             print(f"[{pool.name}] run {number}: p95 of the profile's C={reference.concurrency} level "
@@ -379,8 +381,12 @@ def main() -> None:
     parser.add_argument("--no-settle", dest="settle", action="store_false",
                         help="the estimate's profile does not measure its fitted crossing "
                              "(as `windve calibrate --no-settle`)")
-    parser.add_argument("--scout-aims", action="store_true",
-                        help="the estimate's profile scouts its aimed levels too (as `windve calibrate --scout-aims`)")
+    aims = parser.add_mutually_exclusive_group()
+    aims.add_argument("--scout-aims", dest="scout_aims", action="store_true", default=None,
+                      help="the estimate's profile scouts its aimed levels too (as `windve calibrate --scout-aims`; "
+                           "default: when the crossing is shallow, as windve calibrate)")
+    aims.add_argument("--full-aims", dest="scout_aims", action="store_false", default=None,
+                      help="the estimate's profile measures its aimed levels in full (`windve calibrate --full-aims`)")
     parser.add_argument("--max-concurrency", type=int, default=1024)
     parser.add_argument("--misses", type=int, default=8,
                         help="the step-1 optimum sweep stops after this many levels in a row miss")

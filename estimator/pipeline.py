@@ -49,7 +49,9 @@ class CalibrationOptions:
     fine_tune_steps: int = 8
     recheck: bool = False  # measure a profiled level again at the end (estimator.recheck)
     settle: bool = True  # measure the fitted crossing too (estimator.profile.settle_level)
-    scout_aims: bool = False  # scout the aimed levels too: cheaper, less steady (estimator.profile)
+    # Scout the aimed levels too (cheaper, less steady); None: when the crossing is shallow, where
+    # they are most of the cost and bought no accuracy (estimator.profile).
+    scout_aims: bool | None = None
     headroom: float = DEFAULT_HEADROOM  # every method aims at T*(1 - headroom)
 
     @property

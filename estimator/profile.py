@@ -34,6 +34,17 @@ misses by 20 % puts the settled level that much low. In 12 interleaved pairs on 
 here (README, Calibration): at 1 s, 9.4 s against 21.3 s (medians) and within 5 % of 254 in 7
 against 11 of 12; at 0.5 s, 4.4 s against 8.7 s and within 5 % of 126 in 6 against 4 of 12.
 A scouted miss with no fitted crossing between it and what met is measured again in full.
+
+`scout_aims=None` (what `windve calibrate` does by default) chooses between the two on the
+first aimed level, scouted, whose one round puts a point near the crossing into the fit (or on a
+growth scout that already missed): the aims stay scouted when the fit then puts the crossing
+below `FULL_AIMS_MIN_DEPTH`; otherwise the last growth scout and that aim are measured again in
+full and the profile goes on as with its aims in full, for one round more. (Read off the growth
+scouts alone, the crossing of a pool that crossed 1 s at ~250 was once predicted at 173.) Three
+levels in full near a crossing at depth D cost about 3 x rounds x SLO; a stress test in steps of
+8 up to D, about rounds x SLO x D / 16 (its levels average half the SLO), so below D = 192 the
+three cost more than a quarter of that sweep (33-51 % measured at D ~ 125). There they bought no
+accuracy either (the pairs above, 4 against 6 of 12 at 0.5 s); at 254 they did (11 against 7).
 """
 
 from __future__ import annotations
@@ -56,6 +67,9 @@ from estimator.rounds import (
 # Stop after this many levels whatever happens: every plan below makes progress, this only
 # bounds a pool whose latency jumps about so much that the aim keeps moving.
 MAX_LEVELS = 32
+
+# With `scout_aims=None`, a crossing predicted below this depth gets scouted aims (module doc).
+FULL_AIMS_MIN_DEPTH = 192
 
 
 @dataclass(frozen=True)
@@ -109,6 +123,14 @@ def next_level(samples: Sequence[LevelSample], slo: float, overshoot: float, gro
     return NextLevel(level, False)
 
 
+def predicted_depth(samples: Sequence[LevelSample], slo: float) -> int | None:
+    """Where the fit of the levels so far crosses `slo`; None without a fit or a slope."""
+    fit = fit_samples(samples)
+    if fit is None or fit.alpha <= 0:
+        return None
+    return math.floor((slo - fit.beta) / fit.alpha)
+
+
 def settle_level(samples: Sequence[LevelSample], slo: float, scouted_miss: bool = False) -> int | None:
     """The level the fit says crosses `slo`, when it lies between the deepest level that met and
     the shallowest one above it that missed (measured in full, or at all with `scouted_miss`),
@@ -117,8 +139,8 @@ def settle_level(samples: Sequence[LevelSample], slo: float, scouted_miss: bool 
     None when there is nothing to settle: no fit, no slope, no miss above what met, or the
     crossing falls on or outside the measured bracket (the depth is then read off those levels).
     """
-    fit = fit_samples(samples)
-    if fit is None or fit.alpha <= 0:
+    level = predicted_depth(samples, slo)
+    if level is None:
         return None
     full = max(sample.rounds for sample in samples)
     deepest_met = max((s.concurrency for s in samples if s.meets(slo)), default=0)
@@ -128,7 +150,6 @@ def settle_level(samples: Sequence[LevelSample], slo: float, scouted_miss: bool 
     ]
     if not missed:
         return None
-    level = math.floor((slo - fit.beta) / fit.alpha)
     measured = {s.concurrency for s in samples if s.rounds == full}
     if not deepest_met < level < min(missed) or level in measured:
         return None
@@ -150,7 +171,7 @@ async def profile_pool(
     warmup_concurrency: int = 4,
     request_timeout: float | None = None,
     settle: bool = False,
-    scout_aims: bool = False,
+    scout_aims: bool | None = False,
     pool: str = "pool",
     stage: str = "profile",
     progress: ProgressHook | None = None,
@@ -161,14 +182,16 @@ async def profile_pool(
     double. With fewer scout rounds, levels grow 4x (`growth`) while scouting. With `settle`,
     the fitted crossing is measured last (`settle_level`). With `scout_aims` as well (and
     scouting), the aims are scouted too and the first scout that misses ends the profile,
-    followed by the crossing below it.
+    followed by the crossing below it; `scout_aims=None` scouts them when the crossing predicted
+    with the first aim lies below `FULL_AIMS_MIN_DEPTH` (it then needs `settle` and scouting, else
+    the aims are measured in full).
     """
     scout_rounds = rounds if scout_rounds is None else min(scout_rounds, rounds)
     if growth is None:
         growth = 4 if scout_rounds < rounds else 2
     if slo <= 0 or rounds < 1 or scout_rounds < 1 or max_concurrency < 1 or query_tokens < 1 or growth < 2:
         raise ValueError("slo, rounds, scout_rounds, max_concurrency and query_tokens must be positive, growth >= 2")
-    if scout_aims and not settle:
+    if scout_aims is True and not settle:
         raise ValueError("scout_aims needs settle: the settled crossing is then the only level in full near it")
     started = time.perf_counter()
     await warm_up(submit, make_query, query_tokens, min(warmup_concurrency, max_concurrency), request_timeout)
@@ -180,12 +203,14 @@ async def profile_pool(
             timeout=request_timeout, stage=stage, pool=pool, progress=progress,
         )
 
-    # The settled crossing is the level measured in full near the boundary; the aimed levels only
-    # find a miss past it.
-    lean = scout_aims and scout_rounds < rounds
+    # Lean: the settled crossing is the level measured in full near the boundary; the aimed levels
+    # only find a miss past it. Chosen once with `scout_aims=None`: on the first aim (scouted till
+    # then), or on a growth scout that missed.
+    choose = scout_aims is None and settle and scout_rounds < rounds
+    lean = (scout_aims is True or choose) and scout_rounds < rounds
+    chosen_note = ""
 
-    def plan_next() -> NextLevel:
-        plan = next_level(samples, slo, overshoot, growth)
+    def as_measured(plan: NextLevel) -> NextLevel:
         # A growth level is a scout only when it gets fewer rounds: one measured in full that
         # misses ends the profile (measuring it again would only repeat it). The deepest level
         # allowed is always measured in full: the profile may end there.
@@ -193,18 +218,43 @@ async def profile_pool(
         scout = scouted and scout_rounds < rounds and plan.concurrency < max_concurrency
         return NextLevel(min(max_concurrency, plan.concurrency), scout)
 
+    def plan_next() -> NextLevel:
+        return as_measured(next_level(samples, slo, overshoot, growth))
+
     def missed_by_scout() -> bool:
         return any(s.rounds < rounds and not s.meets(slo) for s in samples)
 
     def missed(sample: LevelSample) -> str:
         return f"p95 {sample.p95:.3f} s > SLO {slo:g} s at C={sample.concurrency}"
 
+    async def measure_again(index: int) -> LevelSample:
+        samples[index] = await measure(samples[index].concurrency, rounds)
+        return samples[index]
+
     plan = NextLevel(1, scout=False)
+    aiming = False  # the level being measured is aimed at the crossing (not a growth step)
     reason = f"measured {MAX_LEVELS} levels and the aim kept moving"
     crossing: int | None = None
     for _ in range(MAX_LEVELS):
         sample = await measure(plan.concurrency, scout_rounds if plan.scout else rounds)
         samples.append(sample)
+        if choose and plan.scout and (aiming or not sample.meets(slo)):
+            # The fit now has a level near the crossing (or past it): the best guess of its depth.
+            choose = False
+            depth = predicted_depth(samples, slo)
+            lean = depth is not None and depth < FULL_AIMS_MIN_DEPTH
+            predicted = "no slope" if depth is None else f"crossing predicted at C={depth}"
+            chosen_note = f"; aims {'scouted' if lean else 'in full'} ({predicted})"
+            if not lean and aiming:
+                # Deep: what a profile with its aims in full measures, the last growth scout and this
+                # aim in full; a last scout that misses in full is the miss it ends on, as there.
+                # (A growth scout that missed is aimed at again in full, as there.)
+                growth_scouts = [i for i, s in enumerate(samples[:-1]) if s.rounds < rounds]
+                if growth_scouts and not (again := await measure_again(growth_scouts[-1])).meets(slo):
+                    sample = again
+                else:
+                    sample = await measure_again(len(samples) - 1)
+                plan = NextLevel(sample.concurrency, scout=False)
         if lean and plan.scout and not sample.meets(slo) and len(samples) >= min_levels:
             # Past the SLO by one round: the crossing below it is what remains to measure in full.
             crossing = settle_level(samples, slo, scouted_miss=True)
@@ -216,7 +266,7 @@ async def profile_pool(
             # The last scout before the aim is measured again in full: with C = 1 and the aimed
             # levels it carries the fit, so the depth does not rest on the aimed level alone. If
             # in full it misses, it is the aimed level: the profile ends on it.
-            sample = samples[-1] = await measure(sample.concurrency, rounds)
+            sample = await measure_again(len(samples) - 1)
             plan = NextLevel(sample.concurrency, scout=False)
         if not plan.scout and len(samples) >= min_levels and not sample.meets(slo):
             reason = missed(sample)
@@ -225,8 +275,10 @@ async def profile_pool(
         if not plan.scout and plan.concurrency >= max_concurrency:
             reason = f"reached max concurrency {max_concurrency} within the SLO"
             break
-        plan = plan_next()
+        planned = next_level(samples, slo, overshoot, growth)
+        aiming = not planned.scout
+        plan = as_measured(planned)
     if crossing is not None:
         samples.append(await measure(crossing, rounds))
         reason += f"; the fitted crossing C={crossing} measured too"
-    return Profile(tuple(samples), time.perf_counter() - started, reason)
+    return Profile(tuple(samples), time.perf_counter() - started, reason + chosen_note)

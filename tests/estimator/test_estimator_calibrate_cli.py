@@ -88,11 +88,16 @@ def test_the_fitted_crossing_is_settled_unless_no_settle_is_given() -> None:
     assert calibrate.options_from_args(parser.parse_args(["--no-settle"])).settle is False
 
 
-def test_the_aims_are_measured_in_full_unless_scout_aims_is_given() -> None:
+def test_the_profile_chooses_how_to_measure_the_aims_unless_told(capsys) -> None:
     parser = argparse.ArgumentParser()
     calibrate.add_arguments(parser)
-    assert calibrate.options_from_args(parser.parse_args([])).scout_aims is False
+    assert calibrate.options_from_args(parser.parse_args([])).scout_aims is None
     assert calibrate.options_from_args(parser.parse_args(["--scout-aims"])).scout_aims is True
+    assert calibrate.options_from_args(parser.parse_args(["--full-aims"])).scout_aims is False
+    with pytest.raises(SystemExit) as exit_:
+        run_cli("--scout-aims", "--full-aims")
+    assert exit_.value.code == 2
+    assert "argument --full-aims: not allowed with argument --scout-aims" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

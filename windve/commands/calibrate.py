@@ -31,6 +31,7 @@ from estimator.pipeline import (
     fit_profile,
     profile_with_options,
 )
+from estimator.profile import FULL_AIMS_MIN_DEPTH
 from estimator.rounds import Progress, ProgressHook, timed_request
 
 log = logging.getLogger("windve.calibrate")
@@ -114,10 +115,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="do not measure the level the fit says crosses the SLO once the profile has passed "
                              "it (saves one level, about ROUNDS x SLO seconds; the depth is then read off levels "
                              "far from it)")
-    parser.add_argument("--scout-aims", action="store_true",
-                        help="scout the levels aimed at the SLO too, and do not measure the last scout again: only "
-                             "C=1 and the settled crossing get all ROUNDS. About half the time; the depth rests on "
-                             "one level in full near the crossing, so it moves more with a noisy machine")
+    aims = parser.add_mutually_exclusive_group()
+    aims.add_argument("--scout-aims", dest="scout_aims", action="store_true", default=None,
+                      help="scout the levels aimed at the SLO too, and do not measure the last scout again: only "
+                           "C=1 and the settled crossing get all ROUNDS. About half the time; the depth rests on "
+                           "one level in full near the crossing, so it moves more with a noisy machine (default: "
+                           f"when the fit with the first aim, scouted, puts the crossing below {FULL_AIMS_MIN_DEPTH})")
+    aims.add_argument("--full-aims", dest="scout_aims", action="store_false", default=None,
+                      help="measure the aimed levels in full however shallow the crossing")
     parser.add_argument("--max-concurrency", type=_positive(int, "--max-concurrency"), default=DEFAULT_DEPTH_CAP,
                         help="highest concurrency profiled; also caps every depth (default: %(default)s, the cap "
                              "of the depth windve serve probes without a calibration)")
@@ -201,7 +206,7 @@ def check_args(args: argparse.Namespace, max_tokens: int, min_tokens: int = 3) -
         raise UsageError(
             f"--scout-rounds {args.scout_rounds} is more than --rounds {args.rounds}: scouting is the cheap look"
         )
-    if args.scout_aims and not args.settle:
+    if args.scout_aims is True and not args.settle:
         raise UsageError("--scout-aims needs the settled crossing: drop --no-settle")
     if args.url:
         if not args.url.startswith(("http://", "https://")):
