@@ -230,20 +230,22 @@ def test_scouting_the_aims_ends_on_the_first_scout_that_misses_and_settles_the_c
 
 
 def test_a_scouted_aim_that_missed_without_a_crossing_below_it_is_measured_again_in_full() -> None:
-    # Batches of 4 that cost the same whatever they hold: 1 and 4 take 10 ms, the scout at 16
-    # (four batches) 40 ms. At a 12 ms SLO the fit through them crosses at C = 4, which met:
-    # there is nothing between to settle, so the scout's miss is measured again in full.
-    flat_batches = ServiceTime(per_batch=0.01, per_query=0.0001, max_batch_size=4)
+    # Batches of 4 that cost the same whatever they hold: 1 and 4 take 0.1 s, the scout at 16
+    # (four batches) 0.4 s. At a 0.12 s SLO the fit through them crosses at C = 4, which met:
+    # there is nothing between to settle, so the scout's miss is measured again in full. (At a
+    # tenth of this time scale, one 2 ms scheduling delay of the shared machine failed C = 1 in CI.)
+    flat_batches = ServiceTime(per_batch=0.1, per_query=0.001, max_batch_size=4)
+    slo = 0.12
 
     async def body(pool: SimulatedPool):
         return await profile_pool(
-            pool.submit, constant_query, 0.012, rounds=3, scout_rounds=1, settle=True, scout_aims=True
+            pool.submit, constant_query, slo, rounds=3, scout_rounds=1, settle=True, scout_aims=True
         )
 
     profile = asyncio.run(_with_pool(flat_batches, body))
-    shape = [(s.concurrency, s.rounds, s.meets(0.012)) for s in profile.samples]
+    shape = [(s.concurrency, s.rounds, s.meets(slo)) for s in profile.samples]
     assert shape[:3] == [(1, 3, True), (4, 1, True), (16, 1, False)]
-    assert settle_level(profile.samples[:3], 0.012, scouted_miss=True) is None
+    assert settle_level(profile.samples[:3], slo, scouted_miss=True) is None
     assert shape[3][1] == 3 and 4 < shape[3][0] <= 16 and "(scouted)" not in profile.stop_reason
 
 
