@@ -55,8 +55,7 @@ from pathlib import Path
 sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != Path(__file__).resolve().parent]
 
 from estimator.fit import LengthFit, decide_depth
-from estimator.pipeline import CalibrationOptions, calibrate_pools, fit_profile
-from estimator.profile import profile_pool
+from estimator.pipeline import CalibrationOptions, calibrate_pools, fit_profile, profile_with_options
 from estimator.recheck import SpeedCheck, recheck_speed
 from estimator.report import describe_charge
 from estimator.rounds import MakeQuery, Submit, tail
@@ -64,6 +63,7 @@ from estimator.simulated import ServiceTime, SimulatedPool, constant_query
 from estimator.stress import monotone_depth, stress_test
 from queue_manager.pool import TokenCharge
 from queue_manager.protocol import Busy
+from windve.commands.calibrate import add_profile_arguments
 from windve.depths import token_charge_for
 
 TOKENS = 75
@@ -115,15 +115,12 @@ class Trial:
     profile_stop: str = ""  # why the estimate's profile stopped, and how it measured its aims
 
 
-async def run_trial(
-    pool: Pool, slo: float, rounds: int, step: int, max_concurrency: int, scout_rounds: int | None,
-    local_misses: int | None = None, settle: bool = True, scout_aims: bool | None = None,
-) -> Trial:
+async def run_trial(pool: Pool, slo: float, options: CalibrationOptions, local_misses: int | None = None) -> Trial:
+    """The estimate profiles as `windve calibrate` does with `options`; the stress test steps by
+    `options.stress_step`."""
+    rounds, step, max_concurrency = options.rounds, options.stress_step or 8, options.max_concurrency
     started = time.perf_counter()
-    profile = await profile_pool(
-        pool.submit, pool.make_query, slo, query_tokens=TOKENS, rounds=rounds, scout_rounds=scout_rounds,
-        max_concurrency=max_concurrency, settle=settle, scout_aims=scout_aims,
-    )
+    profile = await profile_with_options(options, pool.submit, pool.make_query, slo, pool=pool.name, stage="estimate")
     estimate = decide_depth(fit_profile(pool.name, profile.samples), slo, cap=max_concurrency).depth
     estimated = MethodResult("estimate (profile + fit)", estimate, time.perf_counter() - started)
     # The machine's speed after each method, against the profile's: the same level measured
@@ -151,8 +148,7 @@ async def run_trial(
 
 
 async def compare_methods(
-    pool: Pool, slo: float, rounds: int, step: int, max_concurrency: int, misses: int, repeats: int,
-    scout_rounds: int | None, local: bool = False, settle: bool = True, scout_aims: bool | None = None,
+    pool: Pool, slo: float, options: CalibrationOptions, misses: int, repeats: int, local: bool = False
 ) -> tuple[list[Trial], MethodResult | None]:
     """`repeats` trials (estimate, then step N) with the step-1 optimum swept once, in the middle,
     so that trials before and after it share out the machine's slow and fast spells; with
@@ -161,14 +157,12 @@ async def compare_methods(
     optimum = None
 
     async def run_one() -> Trial:
-        return await run_trial(
-            pool, slo, rounds, step, max_concurrency, scout_rounds, misses if local else None, settle, scout_aims
-        )
+        return await run_trial(pool, slo, options, misses if local else None)
 
     for _ in range((repeats + 1) // 2):
         trials.append(await run_one())
     if not local:
-        optimum = await sweep_optimum(pool, slo, rounds, max_concurrency, misses)
+        optimum = await sweep_optimum(pool, slo, options.rounds, options.max_concurrency, misses)
     for _ in range(repeats // 2):
         trials.append(await run_one())
     for number, trial in enumerate(trials, 1):
@@ -251,14 +245,9 @@ def print_methods(pool: Pool, slo: float, step: int, trials: list[Trial], optimu
           f"target met in {met}/{count} runs")
 
 
-async def mixed_lengths(
-    pool: Pool, slo: float, rounds: int, max_concurrency: int, scout_rounds: int | None, seed: int = 1
-) -> None:
+async def mixed_lengths(pool: Pool, slo: float, options: CalibrationOptions, seed: int = 1) -> None:
     """Fixed 75-token query depth vs token budget, both from one calibration, on mixed rounds."""
-    options = CalibrationOptions(
-        slos=(slo,), query_tokens=TOKENS, rounds=rounds, scout_rounds=scout_rounds, max_concurrency=max_concurrency,
-        lengths=PROFILED_LENGTHS,
-    )
+    options = dataclasses.replace(options, lengths=PROFILED_LENGTHS, stress_step=None)  # no stress test here
     calibration = await calibrate_pools(
         {pool.name: pool.submit}, pool.make_query, options,
         model_name="bench", model_revision="-", hardware_fingerprint="-",
@@ -286,7 +275,7 @@ async def mixed_lengths(
                 pool.limit(query_depth, token_budget, charge)
                 await _check_policy(
                     pool, pool.admit, slo, mix_name, label, lambda rng: [draw(rng) for _ in range(offered)],
-                    max(10, rounds * 3), seed,
+                    max(10, options.rounds * 3), seed,
                 )
             continue
         policies: dict[str, Callable[[random.Random], list[int]]] = {
@@ -294,7 +283,7 @@ async def mixed_lengths(
             f"token budget {budget}": lambda rng: _fill_budget(rng, draw, budget, fit),
         }
         for label, compose in policies.items():
-            await _check_policy(pool, pool.submit, slo, mix_name, label, compose, max(10, rounds * 3), seed)
+            await _check_policy(pool, pool.submit, slo, mix_name, label, compose, max(10, options.rounds * 3), seed)
 
 
 async def _check_policy(
@@ -373,21 +362,9 @@ async def with_runtime(body: Callable[[list[Pool]], Awaitable[None]], pools: lis
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--slo", type=float, default=None, help="seconds (default 0.2 simulated, 1.0 runtime)")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--step", type=int, default=8)
-    parser.add_argument("--scout-rounds", type=int, default=1,
-                        help="rounds of the profile's scouted levels, as `windve calibrate --scout-rounds` "
-                             "(default: %(default)s; as many as --rounds: every level in full)")
-    parser.add_argument("--no-settle", dest="settle", action="store_false",
-                        help="the estimate's profile does not measure its fitted crossing "
-                             "(as `windve calibrate --no-settle`)")
-    aims = parser.add_mutually_exclusive_group()
-    aims.add_argument("--scout-aims", dest="scout_aims", action="store_true", default=None,
-                      help="the estimate's profile scouts its aimed levels too (as `windve calibrate --scout-aims`; "
-                           "default: when the crossing is shallow, as windve calibrate)")
-    aims.add_argument("--full-aims", dest="scout_aims", action="store_false", default=None,
-                      help="the estimate's profile measures its aimed levels in full (`windve calibrate --full-aims`)")
-    parser.add_argument("--max-concurrency", type=int, default=1024)
+    # The profile's flags as `windve calibrate` has them; fewer rounds and a deeper cap by default here.
+    add_profile_arguments(parser)
+    parser.set_defaults(rounds=3, max_concurrency=1024)
     parser.add_argument("--misses", type=int, default=8,
                         help="the step-1 optimum sweep stops after this many levels in a row miss")
     parser.add_argument("--repeats", type=int, default=1,
@@ -399,14 +376,17 @@ def main() -> None:
     args = parser.parse_args()
     slo = args.slo or (1.0 if args.runtime else 0.2)
     sections = set(args.sections.split(","))
+    options = CalibrationOptions(
+        slos=(slo,), query_tokens=TOKENS, rounds=args.rounds, scout_rounds=args.scout_rounds,
+        max_concurrency=args.max_concurrency, stress_step=args.step, settle=args.settle, scout_aims=args.scout_aims,
+    )
 
     async def body(pools: list[Pool]) -> None:
         chosen = [p for p in pools if not args.pools or p.name in args.pools.split(",")]
         for section in ("methods", "local"):
             for pool in chosen if section in sections else []:
                 trials, optimum = await compare_methods(
-                    pool, slo, args.rounds, args.step, args.max_concurrency, args.misses, args.repeats,
-                    args.scout_rounds, local=section == "local", settle=args.settle, scout_aims=args.scout_aims,
+                    pool, slo, options, args.misses, args.repeats, local=section == "local"
                 )
                 print_methods(pool, slo, args.step, trials, optimum)
         if "optimum" in sections:
@@ -414,7 +394,7 @@ def main() -> None:
                 await optimum_spread(pool, slo, args.rounds, args.max_concurrency, args.misses, max(2, args.repeats))
         if "mixed" in sections:
             for pool in chosen:
-                await mixed_lengths(pool, slo, args.rounds, args.max_concurrency, args.scout_rounds)
+                await mixed_lengths(pool, slo, options)
 
     print(f"bench/estimator.py: {'real runtime' if args.runtime else 'simulated pools'}; shared, loaded machine")
     if args.runtime:

@@ -105,31 +105,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--query-tokens", type=_positive(int, "--query-tokens"), default=75,
                         help="tokens per profiling query, special tokens included "
                              "(default: %(default)s, as in the paper)")
-    parser.add_argument("--rounds", type=_positive(int, "--rounds"), default=5,
-                        help="closed-loop rounds per level (default: %(default)s)")
-    parser.add_argument("--scout-rounds", type=_positive(int, "--scout-rounds"), default=1,
-                        help="rounds of the levels profiled on the way up, far below the SLO (they grow 4x); "
-                             "the last of them and the levels aimed at the SLO get all ROUNDS. As many as "
-                             "ROUNDS: every level in full, doubling, ~50%% slower (default: %(default)s)")
-    parser.add_argument("--no-settle", dest="settle", action="store_false",
-                        help="do not measure the level the fit says crosses the SLO once the profile has passed "
-                             "it (saves one level, about ROUNDS x SLO seconds; the depth is then read off levels "
-                             "far from it)")
-    aims = parser.add_mutually_exclusive_group()
-    aims.add_argument("--scout-aims", dest="scout_aims", action="store_true", default=None,
-                      help="scout the levels aimed at the SLO too, and do not measure the last scout again: only "
-                           "C=1 and the settled crossing get all ROUNDS. About half the time; the depth rests on "
-                           "one level in full near the crossing, so it moves more with a noisy machine (default: "
-                           f"when the fit with the first aim, scouted, puts the crossing below {FULL_AIMS_MIN_DEPTH})")
-    aims.add_argument("--full-aims", dest="scout_aims", action="store_false", default=None,
-                      help="measure the aimed levels in full however shallow the crossing")
-    parser.add_argument("--max-concurrency", type=_positive(int, "--max-concurrency"), default=DEFAULT_DEPTH_CAP,
-                        help="highest concurrency profiled; also caps every depth (default: %(default)s, the cap "
-                             "of the depth windve serve probes without a calibration)")
+    add_profile_arguments(parser)
     parser.add_argument("--stress-test", action="store_true",
                         help="also run the stress-test baseline (raise C by --step until the SLO breaks)")
-    parser.add_argument("--step", type=_positive(int, "--step"), default=8,
-                        help="stress-test step (default: %(default)s)")
     parser.add_argument("--fine-tune", action="store_true",
                         help="adjust each depth around the estimate with all pools loaded together")
     parser.add_argument("--lengths", type=_length_list, metavar="L1,L2,...",
@@ -154,6 +132,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", help="profile the server running at this URL (POST URL/embed) instead of in-process")
     parser.add_argument("--redis-url", help="also publish the calibration to this Redis (default: WINDVE_REDIS_URL)")
     parser.add_argument("--config", type=Path, help="YAML/JSON settings file (env WINDVE_CONFIG)")
+
+
+def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
+    """How each level is measured and how far the profile goes: shared with bench/estimator.py,
+    which overrides the defaults it wants with `parser.set_defaults`."""
+    parser.add_argument("--rounds", type=_positive(int, "--rounds"), default=5,
+                        help="closed-loop rounds per level (default: %(default)s)")
+    parser.add_argument("--scout-rounds", type=_positive(int, "--scout-rounds"), default=1,
+                        help="rounds of the levels profiled on the way up, far below the SLO (they grow 4x); "
+                             "the last of them and the levels aimed at the SLO get all ROUNDS. As many as "
+                             "ROUNDS: every level in full, doubling, ~50%% slower (default: %(default)s)")
+    parser.add_argument("--no-settle", dest="settle", action="store_false",
+                        help="do not measure the level the fit says crosses the SLO once the profile has passed "
+                             "it (saves one level, about ROUNDS x SLO seconds; the depth is then read off levels "
+                             "far from it)")
+    aims = parser.add_mutually_exclusive_group()
+    aims.add_argument("--scout-aims", dest="scout_aims", action="store_true", default=None,
+                      help="scout the levels aimed at the SLO too, and do not measure the last scout again: only "
+                           "C=1 and the settled crossing get all ROUNDS. About half the time; the depth rests on "
+                           "one level in full near the crossing, so it moves more with a noisy machine (default: "
+                           f"when the fit with the first aim, scouted, puts the crossing below {FULL_AIMS_MIN_DEPTH})")
+    aims.add_argument("--full-aims", dest="scout_aims", action="store_false", default=None,
+                      help="measure the aimed levels in full however shallow the crossing")
+    parser.add_argument("--max-concurrency", type=_positive(int, "--max-concurrency"), default=DEFAULT_DEPTH_CAP,
+                        help="highest concurrency profiled; also caps every depth (default: %(default)s, the cap "
+                             "of the depth windve serve probes without a calibration)")
+    parser.add_argument("--step", type=_positive(int, "--step"), default=8,
+                        help="stress-test step (default: %(default)s)")
 
 
 def options_from_args(args: argparse.Namespace) -> CalibrationOptions:
