@@ -118,7 +118,8 @@ class Trial:
 async def run_trial(pool: Pool, slo: float, options: CalibrationOptions, local_misses: int | None = None) -> Trial:
     """The estimate profiles as `windve calibrate` does with `options`; the stress test steps by
     `options.stress_step`."""
-    rounds, step, max_concurrency = options.rounds, options.stress_step or 8, options.max_concurrency
+    assert options.stress_step is not None, "the bench's options always carry --step"
+    rounds, step, max_concurrency = options.rounds, options.stress_step, options.max_concurrency
     started = time.perf_counter()
     profile = await profile_with_options(options, pool.submit, pool.make_query, slo, pool=pool.name, stage="estimate")
     estimate = decide_depth(fit_profile(pool.name, profile.samples), slo, cap=max_concurrency).depth
