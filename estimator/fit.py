@@ -51,6 +51,10 @@ class LinearFit:
     def predict(self, concurrency: float) -> float:
         return self.alpha * concurrency + self.beta
 
+    def crossing(self, latency: float) -> float | None:
+        """The concurrency (unrounded) at which the line reaches `latency`; None without a slope."""
+        return (latency - self.beta) / self.alpha if self.alpha > 0 else None
+
 
 @dataclass(frozen=True)
 class LengthFit:
@@ -223,10 +227,11 @@ def decide_depth(fit: LinearFit, slo: float, cap: int = DEFAULT_DEPTH_CAP, headr
             None, f"one query alone takes {single:.3f} s by the fit (alpha + beta > T = {slo:g} s): unusable"
         )
     target = slo * (1 - headroom)
-    if fit.alpha <= 0 or (target - fit.beta) / fit.alpha >= cap:
-        why = "latency does not grow with concurrency" if fit.alpha <= 0 else "the formula exceeds the cap"
+    crossing = fit.crossing(target)
+    if crossing is None or crossing >= cap:
+        why = "latency does not grow with concurrency" if crossing is None else "the formula exceeds the cap"
         return DepthDecision(cap, f"{why}; capped at {cap}", capped=True)
-    depth = max(1, math.floor((target - fit.beta) / fit.alpha))
+    depth = max(1, math.floor(crossing))
     if _meets(fit.predict(depth + 1), target):  # the division rounded down across the boundary
         depth += 1
     shown_t = f"{slo:g}" if headroom == 0 else f"{slo:g}*(1 - {headroom:g})"

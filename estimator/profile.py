@@ -110,11 +110,12 @@ def next_level(samples: Sequence[LevelSample], slo: float, overshoot: float, gro
     deepest_met = max((s.concurrency for s in samples if s.meets(slo)), default=0)
     missed_above = [s.concurrency for s in samples if not s.meets(slo) and s.concurrency > deepest_met]
     fit = fit_samples(samples)
-    if fit is None or fit.alpha <= 0:
+    crossing = None if fit is None else fit.crossing(slo)
+    if crossing is None:
         if missed_above:
             return NextLevel(max(deepest_met + 1, min(missed_above) // 2) if deepest_met else current * 2, False)
         return NextLevel(current * growth, True)
-    aimed = math.ceil((slo - fit.beta) / fit.alpha * (1 + overshoot))
+    aimed = math.ceil(crossing * (1 + overshoot))
     if not missed_above and aimed > current * growth:
         return NextLevel(current * growth, True)
     level = max(aimed, math.ceil(deepest_met * 1.25), deepest_met + 1)
@@ -126,9 +127,8 @@ def next_level(samples: Sequence[LevelSample], slo: float, overshoot: float, gro
 def predicted_depth(samples: Sequence[LevelSample], slo: float) -> int | None:
     """Where the fit of the levels so far crosses `slo`; None without a fit or a slope."""
     fit = fit_samples(samples)
-    if fit is None or fit.alpha <= 0:
-        return None
-    return math.floor((slo - fit.beta) / fit.alpha)
+    crossing = None if fit is None else fit.crossing(slo)
+    return None if crossing is None else math.floor(crossing)
 
 
 def settle_level(samples: Sequence[LevelSample], slo: float, scouted_miss: bool = False) -> int | None:
