@@ -109,8 +109,7 @@ def next_level(samples: Sequence[LevelSample], slo: float, overshoot: float, gro
     current = samples[-1].concurrency
     deepest_met = max((s.concurrency for s in samples if s.meets(slo)), default=0)
     missed_above = [s.concurrency for s in samples if not s.meets(slo) and s.concurrency > deepest_met]
-    fit = fit_samples(samples)
-    crossing = None if fit is None else fit.crossing(slo)
+    crossing = fitted_crossing(samples, slo)
     if crossing is None:
         if missed_above:
             return NextLevel(max(deepest_met + 1, min(missed_above) // 2) if deepest_met else current * 2, False)
@@ -124,10 +123,15 @@ def next_level(samples: Sequence[LevelSample], slo: float, overshoot: float, gro
     return NextLevel(level, False)
 
 
-def predicted_depth(samples: Sequence[LevelSample], slo: float) -> int | None:
-    """Where the fit of the levels so far crosses `slo`; None without a fit or a slope."""
+def fitted_crossing(samples: Sequence[LevelSample], slo: float) -> float | None:
+    """The concurrency at which the fit of the levels so far reaches `slo`; None without a fit or a slope."""
     fit = fit_samples(samples)
-    crossing = None if fit is None else fit.crossing(slo)
+    return None if fit is None else fit.crossing(slo)
+
+
+def predicted_depth(samples: Sequence[LevelSample], slo: float) -> int | None:
+    """Where the fit of the levels so far crosses `slo`, rounded down; None without a fit or a slope."""
+    crossing = fitted_crossing(samples, slo)
     return None if crossing is None else math.floor(crossing)
 
 
