@@ -63,7 +63,7 @@ from estimator.simulated import ServiceTime, SimulatedPool, constant_query
 from estimator.stress import monotone_depth, stress_test
 from queue_manager.pool import TokenCharge
 from queue_manager.protocol import Busy
-from windve.commands.calibrate import add_profile_arguments
+from windve.commands.calibrate import add_profile_arguments, profile_options
 from windve.depths import token_charge_for
 
 TOKENS = 75
@@ -377,10 +377,7 @@ def main() -> None:
     args = parser.parse_args()
     slo = args.slo or (1.0 if args.runtime else 0.2)
     sections = set(args.sections.split(","))
-    options = CalibrationOptions(
-        slos=(slo,), query_tokens=TOKENS, rounds=args.rounds, scout_rounds=args.scout_rounds,
-        max_concurrency=args.max_concurrency, stress_step=args.step, settle=args.settle, scout_aims=args.scout_aims,
-    )
+    options = CalibrationOptions(slos=(slo,), query_tokens=TOKENS, stress_step=args.step, **profile_options(args))
 
     async def body(pools: list[Pool]) -> None:
         chosen = [p for p in pools if not args.pools or p.name in args.pools.split(",")]
@@ -392,7 +389,9 @@ def main() -> None:
                 print_methods(pool, slo, args.step, trials, optimum)
         if "optimum" in sections:
             for pool in chosen:
-                await optimum_spread(pool, slo, args.rounds, args.max_concurrency, args.misses, max(2, args.repeats))
+                await optimum_spread(
+                    pool, slo, options.rounds, options.max_concurrency, args.misses, max(2, args.repeats)
+                )
         if "mixed" in sections:
             for pool in chosen:
                 await mixed_lengths(pool, slo, options)

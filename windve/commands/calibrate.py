@@ -162,23 +162,31 @@ def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
                         help="stress-test step (default: %(default)s)")
 
 
+def profile_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The CalibrationOptions fields that add_profile_arguments' flags set, --step aside (the
+    stress test runs only when asked for)."""
+    return {
+        "rounds": args.rounds,
+        "scout_rounds": args.scout_rounds,
+        "max_concurrency": args.max_concurrency,
+        "settle": args.settle,
+        "scout_aims": args.scout_aims,
+    }
+
+
 def options_from_args(args: argparse.Namespace) -> CalibrationOptions:
     slos = tuple(dict.fromkeys(args.slo or [1.0]))
     timeout = args.request_timeout or max(30.0, 10 * max(slos))
     return CalibrationOptions(
         slos=slos,
         query_tokens=args.query_tokens,
-        rounds=args.rounds,
-        scout_rounds=args.scout_rounds,
-        max_concurrency=args.max_concurrency,
         stress_step=args.step if args.stress_test else None,
         fine_tune=args.fine_tune,
         lengths=tuple(args.lengths or ()),
         request_timeout=timeout,
         headroom=args.headroom,
         recheck=args.recheck,
-        settle=args.settle,
-        scout_aims=args.scout_aims,
+        **profile_options(args),
     )
 
 
