@@ -48,6 +48,7 @@ class SloDepth:
     token_budget: int | None = None  # tokens in flight, from the length-aware fit
     stress_test: int | None = None
     fine_tuned: int | None = None
+    capped: bool = False  # the estimate is --max-concurrency: the pool may hold the SLO deeper
 
     @property
     def depth(self) -> int | None:

@@ -183,6 +183,7 @@ class _PoolCalibrator:
             slo=slo,
             estimate=decision.depth,
             reason=decision.reason,
+            capped=decision.capped,
             token_budget=token_budget_for_slo(length_fit, slo, headroom=headroom) if length_fit else None,
             stress_test=stress.depth_for(slo) if stress is not None else None,
         )

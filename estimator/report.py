@@ -108,7 +108,7 @@ def format_report(calibration: Calibration) -> str:
         for entry in pool.depths:
             if entry.estimate is None:
                 lines.append(f"  {name} at {entry.slo:g} s: {entry.reason}")
-            elif "capped" in entry.reason:
+            elif entry.capped:
                 lines.append(
                     f"  {name} at {entry.slo:g} s: {entry.reason}: the pool may hold the SLO deeper than was "
                     "measured; calibrate with a larger --max-concurrency to find out"

@@ -64,7 +64,7 @@ def make_calibration() -> Calibration:
         samples=(_sample(1, 0.01), _sample(2, 0.012)),
         fit=LinearFit(0.002, 0.008, 0.97, 2),
         profile_seconds=1.0,
-        depths=(SloDepth(0.5, 246, "floor(...)"), SloDepth(1.0, 256, "capped at 256")),
+        depths=(SloDepth(0.5, 246, "floor(...)"), SloDepth(1.0, 256, "capped at 256", capped=True)),
     )
     tuned = FineTuneResult(0.5, {"accelerator": 246, "cpu": 24}, {"accelerator": 240, "cpu": 25}, 7.5, True,
                            (FineTuneTrial({"accelerator": 246, "cpu": 24}, {"accelerator": 0.51, "cpu": math.inf}),))
@@ -224,3 +224,23 @@ def test_pipeline_calibrates_simulated_pools_into_a_valid_file(tmp_path: Path) -
     assert loaded.depth_for("accelerator", 0.1) > loaded.depth_for("cpu", 0.1)
     assert [result.slo for result in loaded.fine_tune] == [0.1, 0.05]
     _read_png(plot_calibration(loaded, tmp_path / "c.png"))
+
+
+def test_a_pool_that_meets_the_slo_at_the_cap_is_recorded_and_reported_as_capped(tmp_path: Path) -> None:
+    options = CalibrationOptions(slos=(1.0,), rounds=2, scout_rounds=1, max_concurrency=12)
+
+    async def body() -> Calibration:
+        pool = SimulatedPool(ServiceTime(per_batch=0.001, per_query=0.0005))
+        try:
+            return await calibrate_pools(
+                {"accelerator": pool.submit}, constant_query, options,
+                model_name="sim", model_revision="r1", hardware_fingerprint="hw1",
+            )
+        finally:
+            await pool.close()
+
+    loaded = load_calibration(save_calibration(asyncio.run(body()), tmp_path / "c.json"))
+    entry = loaded.pools["accelerator"].at(1.0)
+    assert entry.estimate == 12 and entry.capped
+    assert "accelerator at 1 s: the formula exceeds the cap" in format_report(loaded)
+    assert "calibrate with a larger --max-concurrency" in format_report(loaded)
