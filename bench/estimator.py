@@ -56,7 +56,7 @@ sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != Pa
 
 from estimator.fit import LengthFit, decide_depth
 from estimator.pipeline import CalibrationOptions, calibrate_pools, fit_profile, profile_with_options
-from estimator.recheck import SpeedCheck, recheck_speed
+from estimator.recheck import SPEED_TOLERANCE, CrossingCheck, SpeedCheck, crossing_check, recheck_speed
 from estimator.report import describe_charge
 from estimator.rounds import MakeQuery, Submit, tail
 from estimator.simulated import ServiceTime, SimulatedPool, constant_query
@@ -113,6 +113,7 @@ class Trial:
     speeds: list[tuple[str, SpeedCheck]]
     optimum: MethodResult | None = None  # swept right after (section `local`)
     profile_stop: str = ""  # why the estimate's profile stopped, and how it measured its aims
+    crossing: CrossingCheck | None = None  # the settled crossing against the SLO
 
 
 async def run_trial(pool: Pool, slo: float, options: CalibrationOptions, local_misses: int | None = None) -> Trial:
@@ -145,7 +146,8 @@ async def run_trial(pool: Pool, slo: float, options: CalibrationOptions, local_m
     if local_misses is not None:
         start = max(1, min(estimate or 1, stress.depths[0] or 1) * 3 // 4)
         optimum = await sweep_optimum(pool, slo, rounds, max_concurrency, local_misses, start=start)
-    return Trial(estimated, stressed, speeds, optimum, profile.stop_reason)
+    crossing = crossing_check(profile.samples, profile.settled, slo)
+    return Trial(estimated, stressed, speeds, optimum, profile.stop_reason, crossing)
 
 
 async def compare_methods(
@@ -173,6 +175,10 @@ async def compare_methods(
             print(f"[{pool.name}] run {number}: p95 of the profile's C={reference.concurrency} level "
                   f"({reference.profile_p95:.3f} s in the profile) measured again: "
                   f"{', '.join(f'{after} {check.ratio:.2f}x' for after, check in trial.speeds)}")
+        if trial.crossing is not None:
+            held = "within" if trial.crossing.steady else "NOT within"
+            print(f"[{pool.name}] run {number}: the settled crossing C={trial.crossing.concurrency} took "
+                  f"{trial.crossing.ratio:.2f}x the SLO ({held} {SPEED_TOLERANCE:.0%})")
     return trials, optimum
 
 

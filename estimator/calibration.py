@@ -23,7 +23,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from estimator.fit import LengthFit, LinearFit
 from estimator.layouts import LayoutTrial
-from estimator.recheck import SpeedCheck
+from estimator.recheck import CrossingCheck, SpeedCheck, crossing_check
 from estimator.rounds import LevelSample
 from estimator.stress import FineTuneResult, StressResult
 
@@ -68,6 +68,7 @@ class PoolCalibration:
     length_seconds: float = 0.0
     stress: StressResult | None = None
     recheck: SpeedCheck | None = None  # with --recheck: the machine's speed at the end
+    settled: int | None = None  # the profile's fitted crossing, measured last (None: not settled)
 
     def at(self, slo: float) -> SloDepth:
         for entry in self.depths:
@@ -112,6 +113,11 @@ class Calibration:
 
     def depths(self, slo: float) -> dict[str, int | None]:
         return {name: self.depth_for(name, slo) for name in self.pools}
+
+    def crossing_check(self, pool: str) -> CrossingCheck | None:
+        """The pool's settled crossing against the SLO it was profiled for (the largest)."""
+        measured = self.pools[pool]
+        return crossing_check(measured.samples, measured.settled, max(self.slos))
 
 
 _ADAPTER = TypeAdapter(Calibration)

@@ -157,6 +157,7 @@ class _PoolCalibrator:
             length_seconds=length_seconds,
             stress=stress,
             recheck=speed,
+            settled=main.settled,
         )
 
     async def stress(self, name: str, submit: Submit) -> StressResult:

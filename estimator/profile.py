@@ -77,6 +77,7 @@ class Profile:
     samples: tuple[LevelSample, ...]
     seconds: float
     stop_reason: str
+    settled: int | None = None  # the fitted crossing, measured last (`settle`)
 
 
 @dataclass(frozen=True)
@@ -285,4 +286,4 @@ async def profile_pool(
     if crossing is not None:
         samples.append(await measure(crossing, rounds))
         reason += f"; the fitted crossing C={crossing} measured too"
-    return Profile(tuple(samples), time.perf_counter() - started, reason + chosen_note)
+    return Profile(tuple(samples), time.perf_counter() - started, reason + chosen_note, settled=crossing)

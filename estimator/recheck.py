@@ -63,6 +63,46 @@ def reference_level(samples: Sequence[LevelSample]) -> LevelSample | None:
     return max((s for s in answered if s.rounds == most), key=lambda s: s.concurrency, default=None)
 
 
+@dataclass(frozen=True)
+class CrossingCheck:
+    """The level the fit put at the SLO (the settled crossing), as it measured.
+
+    Its tail lands near the SLO when the machine held its speed: within 0.92-1.02x in 24 steady
+    profiles here. Far from it, the machine changed speed between the levels that predicted it
+    and its own measurement (1.14-1.32x on a swinging morning, whose estimates were 10-21 % off),
+    or the tail is not linear there; either way the depth read with it is that uncertain.
+    """
+
+    concurrency: int
+    p95: float
+    slo: float
+
+    @property
+    def ratio(self) -> float:
+        return self.p95 / self.slo
+
+    @property
+    def steady(self) -> bool:
+        return abs(self.ratio - 1) <= SPEED_TOLERANCE
+
+    def describe(self) -> str:
+        return (
+            f"the fitted crossing C={self.concurrency} took {self.p95:.3f} s, {self.ratio:.2f}x the "
+            f"{self.slo:g} s SLO the fit put it at: the machine changed speed during the profile, or the "
+            "tail is not linear there, and the depth may be off by as much. Calibrate again (--recheck "
+            "tells whether the speed moves), or use --headroom 0.2"
+        )
+
+
+def crossing_check(samples: Sequence[LevelSample], settled: int | None, slo: float) -> CrossingCheck | None:
+    """The settled crossing against the SLO; None when the profile settled none."""
+    if settled is None:
+        return None
+    full = max((sample.rounds for sample in samples), default=0)
+    sample = next((s for s in reversed(samples) if s.concurrency == settled and s.rounds == full), None)
+    return None if sample is None else CrossingCheck(settled, sample.p95, slo)
+
+
 async def recheck_speed(
     submit: Submit,
     make_query: MakeQuery,

@@ -115,6 +115,7 @@ def test_by_default_the_profile_doubles_and_measures_every_level_in_full() -> No
     levels = [s.concurrency for s in profile.samples]
     assert levels[:4] == [1, 2, 4, 8] and {s.rounds for s in profile.samples} == {2}
     assert not profile.samples[-1].meets(SLO) and levels[-1] < 1.3 * SERVICE.optimum_depth(SLO, TOKENS)
+    assert profile.settled is None  # settling is `windve calibrate`'s default, not profile_pool's
 
 
 def test_profile_scouts_far_levels_and_measures_the_aimed_one_in_full() -> None:
@@ -199,7 +200,7 @@ def test_settle_measures_the_fitted_crossing_in_full_and_the_depth_is_read_with_
     *before, settled = profile.samples
     # The settled level is the one the fit of everything before it said crosses the SLO, between
     # the deepest level that met and the aimed one that missed, measured with all the rounds.
-    assert settled.concurrency == settle_level(before, SLO) and settled.rounds == 3
+    assert settled.concurrency == settle_level(before, SLO) == profile.settled and settled.rounds == 3
     deepest_met = max(s.concurrency for s in before if s.meets(SLO))
     assert deepest_met < settled.concurrency < before[-1].concurrency and not before[-1].meets(SLO)
     assert f"the fitted crossing C={settled.concurrency} measured too" in profile.stop_reason

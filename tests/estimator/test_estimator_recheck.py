@@ -9,7 +9,8 @@ import pytest
 
 from estimator.calibration import Calibration
 from estimator.pipeline import CalibrationOptions, calibrate_pools
-from estimator.recheck import SpeedCheck, reference_level
+from estimator.recheck import SpeedCheck, crossing_check, reference_level
+from estimator.report import format_report
 from estimator.rounds import LevelSample, Progress
 from estimator.simulated import ServiceTime, SimulatedPool, constant_query
 
@@ -103,3 +104,76 @@ def test_serve_warns_when_its_calibration_saw_the_machine_change_speed(again: fl
         source = depth_from_calibration(calibration, "cpu", 0.3, "calibration (file)")
     assert source is not None and source.depth == 48
     assert ("1.30x its profile tail" in caplog.text) is warned
+
+
+# Batches of two keep the tail's steps small (~3 % of a 0.15 s SLO), so the settled level lands on it.
+FINE = ServiceTime(per_batch=0.001, per_query=0.002, max_batch_size=2)
+FINE_SLOWER = ServiceTime(per_batch=0.0013, per_query=0.0026, max_batch_size=2)
+
+
+@pytest.mark.parametrize(("p95", "steady"), [(0.15, True), (0.162, True), (0.138, True), (0.17, False), (0.13, False)])
+def test_a_settled_crossing_within_ten_percent_of_the_slo_counts_as_steady(p95: float, steady: bool) -> None:
+    samples = [_level(1, 0.01), _level(64, 0.2), LevelSample(48, 75, 1, p95 * 2, p95 * 2), _level(48, p95)]
+    check = crossing_check(samples, 48, 0.15)
+    assert check is not None and check.p95 == p95  # the level in full, not the scout of it
+    assert check.steady is steady and check.ratio == pytest.approx(p95 / 0.15)
+    assert ("--headroom 0.2" in check.describe()) and "C=48" in check.describe()
+    assert crossing_check(samples, None, 0.15) is None
+
+
+def _calibrate_settled(slow_from_first_miss: bool) -> Calibration:
+    async def body() -> Calibration:
+        pool = SimulatedPool(FINE)
+
+        def progress(event: Progress) -> None:
+            # The machine slows once the profile has missed: only the settled level, measured
+            # after that miss, meets the slower machine.
+            if slow_from_first_miss and event.sample is not None and not event.sample.meets(0.15):
+                pool.service = FINE_SLOWER
+
+        try:
+            return await calibrate_pools(
+                {"cpu": pool.submit}, constant_query, CalibrationOptions(slos=(0.15,), rounds=3, scout_aims=True),
+                model_name="sim", model_revision="r1", hardware_fingerprint="hw1", progress=progress,
+            )
+        finally:
+            await pool.close()
+
+    return asyncio.run(body())
+
+
+def test_the_settled_crossing_of_a_steady_pool_lands_on_the_slo() -> None:
+    calibration = _calibrate_settled(slow_from_first_miss=False)
+    check = calibration.crossing_check("cpu")
+    assert check is not None and check.steady, check
+    assert check.concurrency == calibration.pools["cpu"].settled == calibration.pools["cpu"].samples[-1].concurrency
+    assert f"cpu: the fitted crossing C={check.concurrency} took" not in format_report(calibration)
+
+
+def test_a_pool_that_slowed_during_its_profile_is_told_by_its_settled_crossing() -> None:
+    calibration = _calibrate_settled(slow_from_first_miss=True)
+    check = calibration.crossing_check("cpu")
+    assert check is not None and not check.steady and check.ratio > 1.1, check
+    assert f"cpu: the fitted crossing C={check.concurrency} took" in format_report(calibration)
+
+
+@pytest.mark.parametrize(("settled_p95", "warned"), [(0.39, True), (0.3, False)])
+def test_serve_warns_when_its_calibration_settled_the_crossing_far_from_the_slo(
+    settled_p95: float, warned: bool, caplog
+) -> None:
+    from estimator.calibration import ModelIdentity, PoolCalibration, SloDepth
+    from estimator.fit import LinearFit
+    from windve.depths import depth_from_calibration
+
+    pool = PoolCalibration(
+        samples=(_level(1, 0.01), _level(64, 0.4), _level(48, settled_p95)),
+        fit=LinearFit(0.006, 0.005, 0.99, 3),
+        profile_seconds=1.0,
+        depths=(SloDepth(0.3, 42, "floor(...)"),),
+        settled=48,
+    )
+    calibration = Calibration(ModelIdentity("m", "r"), "hw", (0.3,), 75, 3, {"cpu": pool}, headroom=0.1)
+    with caplog.at_level("WARNING", logger="windve.depths"):
+        source = depth_from_calibration(calibration, "cpu", 0.3, "calibration (file)")
+    assert source is not None and source.depth == 42
+    assert ("the fitted crossing C=48 took 0.390 s, 1.30x" in caplog.text) is warned
