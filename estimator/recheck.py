@@ -69,8 +69,10 @@ class CrossingCheck:
 
     Its tail lands near the SLO when the machine held its speed: within 0.92-1.02x in 24 steady
     profiles here. Far from it, the machine changed speed between the levels that predicted it
-    and its own measurement (1.14-1.32x on a swinging morning, whose estimates were 10-21 % off),
-    or the tail is not linear there; either way the depth read with it is that uncertain.
+    and its own measurement, or the tail is not linear there; either way the depth read with it
+    is that uncertain (on a swinging machine, 4 of 6 profiles at 1.14-1.33x, their estimates
+    -21 % to +12 % off). Near it proves less: the machine may change speed after the profile
+    (`recheck_speed` sees that).
     """
 
     concurrency: int
