@@ -487,12 +487,13 @@ def test_monotone_depth_counts_failed_levels_as_misses() -> None:
 
 
 def test_fine_tune_moves_both_pools_to_their_optima() -> None:
-    # Both pools at twice the time scale of SERVICE, against twice its SLO (the same optima): the
-    # levels just below each optimum then meet by 2-18 ms, not 1-9 ms, and one scheduling delay of
-    # the shared machine no longer stops a pool at its first step (it did once in CI: 104 for 118).
-    fast = ServiceTime(per_batch=0.002, per_query=0.0024, max_batch_size=16)
-    slow = ServiceTime(per_batch=0.002, per_query=0.004, max_batch_size=8)
-    slo = 2 * SLO
+    # Both pools at four times the time scale of SERVICE, against four times its SLO (the same
+    # optima), so that one scheduling delay of the shared machine does not stop a pool short: at
+    # the base scale it did once in CI (104 for 118), at twice the scale once (105 for 118, where
+    # C = 106 met by 31 ms). Now C = 106 meets by 62 ms.
+    fast = ServiceTime(per_batch=0.004, per_query=0.0048, max_batch_size=16)
+    slow = ServiceTime(per_batch=0.004, per_query=0.008, max_batch_size=8)
+    slo = 4 * SLO
     opt_fast, opt_slow = fast.optimum_depth(slo, TOKENS), slow.optimum_depth(slo, TOKENS)
     # Both start outside close_to's margin, so that ending inside it means they moved.
     start = {"accelerator": opt_fast - 15, "cpu": opt_slow + 10}
