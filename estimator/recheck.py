@@ -20,6 +20,11 @@ from estimator.rounds import LevelSample, MakeQuery, ProgressHook, Submit, measu
 SPEED_TOLERANCE = 0.10
 
 
+def same_speed(ratio: float) -> bool:
+    """A tail measured at `ratio` times what was expected came from the same machine state."""
+    return abs(ratio - 1) <= SPEED_TOLERANCE
+
+
 @dataclass(frozen=True)
 class SpeedCheck:
     """A profiled level's tail then (`profile_p95`) and again after the other stages."""
@@ -34,7 +39,7 @@ class SpeedCheck:
 
     @property
     def steady(self) -> bool:
-        return abs(self.ratio - 1) <= SPEED_TOLERANCE
+        return same_speed(self.ratio)
 
     def describe(self) -> str:
         said = (
@@ -85,7 +90,7 @@ class CrossingCheck:
 
     @property
     def steady(self) -> bool:
-        return abs(self.ratio - 1) <= SPEED_TOLERANCE
+        return same_speed(self.ratio)
 
     def describe(self) -> str:
         return (
