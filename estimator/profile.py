@@ -51,8 +51,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 
 from estimator.fit import DEFAULT_DEPTH_CAP, LinearFit, fit_linear
 from estimator.rounds import (
@@ -200,7 +200,6 @@ async def profile_pool(
         raise ValueError("scout_aims needs settle: the settled crossing is then the only level in full near it")
     started = time.perf_counter()
     await warm_up(submit, make_query, query_tokens, min(warmup_concurrency, max_concurrency), request_timeout)
-    samples: list[LevelSample] = []
 
     async def measure(concurrency: int, level_rounds: int) -> LevelSample:
         return await measure_level(
@@ -208,82 +207,120 @@ async def profile_pool(
             timeout=request_timeout, stage=stage, pool=pool, progress=progress,
         )
 
-    # Lean: the settled crossing is the level measured in full near the boundary; the aimed levels
-    # only find a miss past it. Chosen once with `scout_aims=None`: on the first aim (scouted till
-    # then), or on a growth scout that missed.
-    choose = scout_aims is None and settle and scout_rounds < rounds
-    lean = (scout_aims is True or choose) and scout_rounds < rounds
-    chosen_note = ""
+    run = _ProfileRun(
+        measure, slo, rounds, scout_rounds, growth=growth, overshoot=overshoot,
+        max_concurrency=max_concurrency, min_levels=min_levels, settle=settle, scout_aims=scout_aims,
+    )
+    reason, crossing = await run.levels()
+    if crossing is not None:
+        run.samples.append(await measure(crossing, rounds))
+        reason += f"; the fitted crossing C={crossing} measured too"
+    return Profile(tuple(run.samples), time.perf_counter() - started, reason + run.aims_note, settled=crossing)
 
-    def as_measured(plan: NextLevel) -> NextLevel:
+
+@dataclass
+class _ProfileRun:
+    """The levels one profile has measured, and how it measures the next (`profile_pool`)."""
+
+    measure: Callable[[int, int], Awaitable[LevelSample]]  # (concurrency, rounds) -> the level's sample
+    slo: float
+    rounds: int
+    scout_rounds: int
+    growth: int
+    overshoot: float
+    max_concurrency: int
+    min_levels: int
+    settle: bool
+    scout_aims: bool | None
+    samples: list[LevelSample] = field(default_factory=list)
+    # Lean: the settled crossing is the level measured in full near the boundary; the aimed levels
+    # only find a miss past it. With `scout_aims=None` it is chosen once (`choose_aims`).
+    lean: bool = field(init=False)
+    undecided: bool = field(init=False)
+    aims_note: str = ""  # how the aims were chosen, for the stop reason
+
+    def __post_init__(self) -> None:
+        scouting = self.scout_rounds < self.rounds
+        self.undecided = self.scout_aims is None and self.settle and scouting
+        self.lean = (self.scout_aims is True or self.undecided) and scouting
+
+    async def levels(self) -> tuple[str, int | None]:
+        """Measure levels until the profile ends: why it ended, and the crossing left to settle."""
+        plan = NextLevel(1, scout=False)
+        aiming = False  # the level being measured is aimed at the crossing (not a growth step)
+        for _ in range(MAX_LEVELS):
+            sample = await self.measure(plan.concurrency, self.scout_rounds if plan.scout else self.rounds)
+            self.samples.append(sample)
+            meets = sample.meets(self.slo)
+            if self.undecided and plan.scout and (aiming or not meets):
+                sample, plan = await self.choose_aims(sample, plan, aiming)
+                meets = sample.meets(self.slo)
+            if self.lean and plan.scout and not meets and self.enough_levels():
+                # Past the SLO by one round: the crossing below it is what remains to measure in full.
+                crossing = settle_level(self.samples, self.slo, scouted_miss=True)
+                if crossing is not None:
+                    return f"{self.missed(sample)} (scouted)", crossing
+                # No fitted crossing between what met and this miss: the miss is measured again in full.
+            if plan.scout and meets and not self.lean and not self.plan_next().scout:
+                # The last scout before the aim is measured again in full: with C = 1 and the aimed
+                # levels it carries the fit, so the depth does not rest on the aimed level alone. If
+                # in full it misses, it is the aimed level: the profile ends on it.
+                sample = await self.measure_again(len(self.samples) - 1)
+                plan = NextLevel(sample.concurrency, scout=False)
+                meets = sample.meets(self.slo)
+            if not plan.scout and self.enough_levels() and not meets:
+                return self.missed(sample), settle_level(self.samples, self.slo) if self.settle else None
+            if not plan.scout and plan.concurrency >= self.max_concurrency:
+                return f"reached max concurrency {self.max_concurrency} within the SLO", None
+            planned = next_level(self.samples, self.slo, self.overshoot, self.growth)
+            aiming = not planned.scout
+            plan = self.as_measured(planned)
+        return f"measured {MAX_LEVELS} levels and the aim kept moving", None
+
+    async def choose_aims(self, sample: LevelSample, plan: NextLevel, aiming: bool) -> tuple[LevelSample, NextLevel]:
+        """Scouted aims or in full, chosen once: on the first aim, scouted, whose one round puts a
+        level near the crossing into the fit (the best guess of its depth), or on a growth scout
+        that already missed. Returns the sample and plan that now stand for the level measured.
+        """
+        self.undecided = False
+        depth = predicted_depth(self.samples, self.slo)
+        self.lean = depth is not None and depth < FULL_AIMS_MIN_DEPTH
+        predicted = "no slope" if depth is None else f"crossing predicted at C={depth}"
+        self.aims_note = f"; aims {'scouted' if self.lean else 'in full'} ({predicted})"
+        if self.lean or not aiming:
+            # Scouted aims go on as they are; in full, the next aim (no further than a growth scout
+            # that missed) is measured in full.
+            return sample, plan
+        # Deep: what a profile with its aims in full measures, the last growth scout and this aim in
+        # full; a last scout that misses in full is the miss it ends on, as there.
+        growth_scouts = [i for i, s in enumerate(self.samples[:-1]) if s.rounds < self.rounds]
+        if growth_scouts and not (again := await self.measure_again(growth_scouts[-1])).meets(self.slo):
+            sample = again
+        else:
+            sample = await self.measure_again(len(self.samples) - 1)
+        return sample, NextLevel(sample.concurrency, scout=False)
+
+    def plan_next(self) -> NextLevel:
+        return self.as_measured(next_level(self.samples, self.slo, self.overshoot, self.growth))
+
+    def as_measured(self, plan: NextLevel) -> NextLevel:
         # A growth level is a scout only when it gets fewer rounds: one measured in full that
         # misses ends the profile (measuring it again would only repeat it). The deepest level
         # allowed is always measured in full: the profile may end there.
-        scouted = plan.scout or (lean and not missed_by_scout())
-        scout = scouted and scout_rounds < rounds and plan.concurrency < max_concurrency
-        return NextLevel(min(max_concurrency, plan.concurrency), scout)
+        scouted = plan.scout or (self.lean and not self.missed_by_scout())
+        scout = scouted and self.scout_rounds < self.rounds and plan.concurrency < self.max_concurrency
+        return NextLevel(min(self.max_concurrency, plan.concurrency), scout)
 
-    def plan_next() -> NextLevel:
-        return as_measured(next_level(samples, slo, overshoot, growth))
+    def missed_by_scout(self) -> bool:
+        return any(s.rounds < self.rounds and not s.meets(self.slo) for s in self.samples)
 
-    def missed_by_scout() -> bool:
-        return any(s.rounds < rounds and not s.meets(slo) for s in samples)
+    def enough_levels(self) -> bool:
+        return len(self.samples) >= self.min_levels
 
-    def missed(sample: LevelSample) -> str:
-        return f"p95 {sample.p95:.3f} s > SLO {slo:g} s at C={sample.concurrency}"
+    def missed(self, sample: LevelSample) -> str:
+        return f"p95 {sample.p95:.3f} s > SLO {self.slo:g} s at C={sample.concurrency}"
 
-    async def measure_again(index: int) -> LevelSample:
-        samples[index] = await measure(samples[index].concurrency, rounds)
-        return samples[index]
-
-    plan = NextLevel(1, scout=False)
-    aiming = False  # the level being measured is aimed at the crossing (not a growth step)
-    reason = f"measured {MAX_LEVELS} levels and the aim kept moving"
-    crossing: int | None = None
-    for _ in range(MAX_LEVELS):
-        sample = await measure(plan.concurrency, scout_rounds if plan.scout else rounds)
-        samples.append(sample)
-        if choose and plan.scout and (aiming or not sample.meets(slo)):
-            # The fit now has a level near the crossing (or past it): the best guess of its depth.
-            choose = False
-            depth = predicted_depth(samples, slo)
-            lean = depth is not None and depth < FULL_AIMS_MIN_DEPTH
-            predicted = "no slope" if depth is None else f"crossing predicted at C={depth}"
-            chosen_note = f"; aims {'scouted' if lean else 'in full'} ({predicted})"
-            if not lean and aiming:
-                # Deep: what a profile with its aims in full measures, the last growth scout and this
-                # aim in full; a last scout that misses in full is the miss it ends on, as there.
-                # (A growth scout that missed is aimed at again in full, as there.)
-                growth_scouts = [i for i, s in enumerate(samples[:-1]) if s.rounds < rounds]
-                if growth_scouts and not (again := await measure_again(growth_scouts[-1])).meets(slo):
-                    sample = again
-                else:
-                    sample = await measure_again(len(samples) - 1)
-                plan = NextLevel(sample.concurrency, scout=False)
-        if lean and plan.scout and not sample.meets(slo) and len(samples) >= min_levels:
-            # Past the SLO by one round: the crossing below it is what remains to measure in full.
-            crossing = settle_level(samples, slo, scouted_miss=True)
-            if crossing is not None:
-                reason = f"{missed(sample)} (scouted)"
-                break
-            # No fitted crossing between what met and this miss: the miss is measured again in full.
-        if plan.scout and sample.meets(slo) and not lean and not plan_next().scout:
-            # The last scout before the aim is measured again in full: with C = 1 and the aimed
-            # levels it carries the fit, so the depth does not rest on the aimed level alone. If
-            # in full it misses, it is the aimed level: the profile ends on it.
-            sample = await measure_again(len(samples) - 1)
-            plan = NextLevel(sample.concurrency, scout=False)
-        if not plan.scout and len(samples) >= min_levels and not sample.meets(slo):
-            reason = missed(sample)
-            crossing = settle_level(samples, slo) if settle else None
-            break
-        if not plan.scout and plan.concurrency >= max_concurrency:
-            reason = f"reached max concurrency {max_concurrency} within the SLO"
-            break
-        planned = next_level(samples, slo, overshoot, growth)
-        aiming = not planned.scout
-        plan = as_measured(planned)
-    if crossing is not None:
-        samples.append(await measure(crossing, rounds))
-        reason += f"; the fitted crossing C={crossing} measured too"
-    return Profile(tuple(samples), time.perf_counter() - started, reason + chosen_note, settled=crossing)
+    async def measure_again(self, index: int) -> LevelSample:
+        """The level at `index` measured again with full rounds, in its place."""
+        self.samples[index] = await self.measure(self.samples[index].concurrency, self.rounds)
+        return self.samples[index]
