@@ -97,11 +97,29 @@ class QueueManager:
     def eligible_pools(self) -> list[Pool]:
         return self.pools if self.heterogeneous else self.pools[:1]
 
+    def check_room(self, wanted: int) -> None:
+        """Raise Busy (ShuttingDown while draining) when the eligible pools cannot take `wanted`
+        queries whatever their lengths, as admission would.
+
+        The HTTP path asks before it tokenizes, so an overloaded service answers BUSY without that
+        work (and without the tasks a submission starts), which under a flood of retries was most
+        of what a refusal cost. Passing promises nothing: admission decides, and a token budget may
+        still refuse.
+        """
+        self._refuse_if_draining(wanted)
+        room = sum(pool.room() for pool in self.eligible_pools() if pool.least_loaded() is not None)
+        if room < wanted:
+            metrics.BUSY.inc()
+            raise Busy(retry_after=self.retry_after(wanted))
+
+    def _refuse_if_draining(self, wanted: int) -> None:
+        if self.draining:
+            raise ShuttingDown(retry_after=self.retry_after(wanted), message="the service is shutting down")
+
     def _plan(self, sequences: Sequence[np.ndarray], only: Pool | None) -> list[tuple[Pool, int]]:
         """How many of the request's queries each pool takes, or raise Busy."""
-        if self.draining:
-            raise ShuttingDown(retry_after=self.retry_after(len(sequences)), message="the service is shutting down")
         wanted = len(sequences)
+        self._refuse_if_draining(wanted)
         if only is not None:
             return [(only, wanted)]
         shares: list[tuple[Pool, int]] = []

@@ -98,6 +98,14 @@ class DispatchMachine(RuleBasedStateMachine):
         acc_up = any(slot.healthy for slot in acc.instances)
         cpu_up = self.qm.heterogeneous and any(slot.healthy for slot in cpu.instances)
         capacity = (acc_room if acc_up else 0) + (cpu_room if cpu_up else 0)
+        # The early check the HTTP path makes before tokenizing refuses exactly what admission
+        # would (this machine sets no token budget, the one thing it cannot see).
+        try:
+            self.qm.check_room(size)
+            refused_early = False
+        except Busy:
+            refused_early = True
+        assert refused_early == (size > capacity)
         markers = [next(self.markers) for _ in range(size)]
         task = self.loop.create_task(self.qm.submit([np.array([m]) for m in markers]))
         self.settle()

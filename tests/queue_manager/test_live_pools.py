@@ -111,6 +111,18 @@ def test_burst_fills_accelerator_then_cpu_then_busy(two_pool_server, reference_m
             assert int(retry_after) >= 1
 
 
+def test_a_request_the_queues_cannot_hold_is_refused_before_its_texts_are_tokenized(two_pool_server):
+    # An over-long text without truncation fails only once the tokenizer has read it.
+    over_long = "retrieval " * 600
+    texts = [over_long] + [long_text(i) for i in range(ACC_DEPTH + CPU_DEPTH)]  # one more than the idle pools hold
+    url = two_pool_server.url
+    refused = httpx.post(url + "/embed", json={"inputs": texts, "truncate": False}, timeout=60)
+    assert refused.status_code == 429 and refused.json()["error_type"] == "overloaded", refused.text
+    assert int(refused.headers["retry-after"]) >= 1
+    held = httpx.post(url + "/embed", json={"inputs": texts[: ACC_DEPTH + CPU_DEPTH], "truncate": False}, timeout=60)
+    assert held.status_code == 422 and "inputs[0]" in held.json()["error"], held.text
+
+
 def _worker_pids(url: str, pool: str) -> list[int]:
     for entry in httpx.get(url + "/info").json()["pools"]:
         if entry["name"] == pool:

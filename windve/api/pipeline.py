@@ -1,4 +1,4 @@
-"""The request path both APIs share: validate -> tokenize -> cache -> submit -> normalize."""
+"""The request path both APIs share: validate -> cache -> room check -> tokenize -> submit -> normalize."""
 
 from __future__ import annotations
 
@@ -50,13 +50,19 @@ class EmbeddingPipeline:
         if not runtime.ready:
             raise ApiError(503, "the model is still loading; retry shortly", UNHEALTHY, retry_after=1)
         truncate = self.settings.truncate if truncate is None else truncate
+        keys = self._cache_keys(texts, normalize, truncate)
+        vectors, missing = await self._cached(keys, len(texts))
+        if missing:
+            # Full queues refuse before the tokenizer runs, as TEI takes its permit first.
+            try:
+                runtime.queue_manager.check_room(len(missing))
+            except Busy as exc:
+                raise refusal(exc) from None
         try:
-            sequences = runtime.tokenizer.encode(texts, truncate)
+            sequences = runtime.tokenizer.encode(texts, truncate)  # all of them: usage counts every token
         except InputTooLong as exc:
             raise ApiError(422, f"{field}[{exc.index}]: {exc}", VALIDATION, param=field) from None
         tokens = sum(len(seq) for seq in sequences)
-        keys = self._cache_keys(texts, normalize, truncate)
-        vectors, missing = await self._cached(keys, len(texts))
         if missing:
             fresh = await self._submit([sequences[i] for i in missing], request)
             if normalize:
@@ -107,16 +113,19 @@ class EmbeddingPipeline:
             raise ClientGone()
         try:
             return submit.result()
-        except ShuttingDown as exc:
-            raise ApiError(
-                429, "the service is shutting down; retry on another replica", OVERLOADED, retry_after=exc.retry_after
-            ) from None
         except Busy as exc:
-            raise ApiError(
-                429, "model is overloaded: every queue is full", OVERLOADED, retry_after=exc.retry_after
-            ) from None
+            raise refusal(exc) from None
         except QueryFailed as exc:
             raise ApiError(503, f"inference failed: {exc}", BACKEND, retry_after=1) from None
+
+
+def refusal(exc: Busy) -> ApiError:
+    """The 429 for a request the queues refused (ShuttingDown is a Busy too)."""
+    if isinstance(exc, ShuttingDown):
+        message = "the service is shutting down; retry on another replica"
+    else:
+        message = "model is overloaded: every queue is full"
+    return ApiError(429, message, OVERLOADED, retry_after=exc.retry_after)
 
 
 async def _until_disconnect(request: Request) -> None:
