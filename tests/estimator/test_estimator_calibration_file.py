@@ -194,11 +194,13 @@ def test_report_is_a_table_iii_like_summary() -> None:
 
 
 def test_pipeline_calibrates_simulated_pools_into_a_valid_file(tmp_path: Path) -> None:
-    options = CalibrationOptions(slos=(0.1, 0.05), rounds=2, stress_step=8, fine_tune=True, lengths=(16, 75, 200))
+    # Four times the time scale this test first had (0.1 s, 0.05 s): there one delay of the shared
+    # machine once hid the per-token cost from the length fit, and no token budget came out.
+    options = CalibrationOptions(slos=(0.4, 0.2), rounds=2, stress_step=8, fine_tune=True, lengths=(16, 75, 200))
 
     async def body() -> Calibration:
-        fast = SimulatedPool(ServiceTime(per_batch=0.001, per_query=0.0005, per_token=1e-5, max_batch_size=16))
-        slow = SimulatedPool(ServiceTime(per_batch=0.001, per_query=0.001, per_token=2e-5, max_batch_size=8))
+        fast = SimulatedPool(ServiceTime(per_batch=0.004, per_query=0.002, per_token=4e-5, max_batch_size=16))
+        slow = SimulatedPool(ServiceTime(per_batch=0.004, per_query=0.004, per_token=8e-5, max_batch_size=8))
         try:
             return await calibrate_pools(
                 {"accelerator": fast.submit, "cpu": slow.submit}, constant_query, options,
@@ -221,8 +223,8 @@ def test_pipeline_calibrates_simulated_pools_into_a_valid_file(tmp_path: Path) -
         for slo in options.slos:
             entry = pool.at(slo)
             assert entry.estimate and entry.token_budget and entry.fine_tuned is not None
-    assert loaded.depth_for("accelerator", 0.1) > loaded.depth_for("cpu", 0.1)
-    assert [result.slo for result in loaded.fine_tune] == [0.1, 0.05]
+    assert loaded.depth_for("accelerator", 0.4) > loaded.depth_for("cpu", 0.4)
+    assert [result.slo for result in loaded.fine_tune] == [0.4, 0.2]
     _read_png(plot_calibration(loaded, tmp_path / "c.png"))
 
 
