@@ -564,11 +564,14 @@ class _Candidate:
 
 
 def test_layout_choice_keeps_the_deepest_and_survives_a_broken_candidate() -> None:
+    # Four times SERVICE's time scale, against four times SLO: at the base scale one delay of the
+    # shared machine once made "per-node" look deeper than "split" in CI.
+    slo = 4 * SLO
     candidates = [
-        _Candidate("per-node", SERVICE),
+        _Candidate("per-node", ServiceTime(per_batch=0.004, per_query=0.008, max_batch_size=8)),
         _Candidate("broken", None),
-        _Candidate("split", ServiceTime(per_batch=0.001, per_query=0.0012, max_batch_size=16)),
-        _Candidate("tp", ServiceTime(per_batch=0.001, per_query=0.004, max_batch_size=8)),
+        _Candidate("split", ServiceTime(per_batch=0.004, per_query=0.0048, max_batch_size=16)),
+        _Candidate("tp", ServiceTime(per_batch=0.004, per_query=0.016, max_batch_size=8)),
     ]
 
     async def evaluate(candidate: _Candidate) -> int | None:
@@ -576,8 +579,8 @@ def test_layout_choice_keeps_the_deepest_and_survives_a_broken_candidate() -> No
             raise OSError("cannot pin to cores 64-127")
 
         async def body(pool: SimulatedPool):
-            profile = await profile_pool(pool.submit, constant_query, SLO, rounds=2)
-            return decide_depth(fit_profile(candidate.name, profile.samples), SLO).depth
+            profile = await profile_pool(pool.submit, constant_query, slo, rounds=2)
+            return decide_depth(fit_profile(candidate.name, profile.samples), slo).depth
 
         return await _with_pool(candidate.service, body)
 
