@@ -347,10 +347,12 @@ async def with_simulated(body: Callable[[list[Pool]], Awaitable[None]], padded: 
 
 async def with_runtime(body: Callable[[list[Pool]], Awaitable[None]], pools: list[str] | None) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from windve.gc_tuning import tune_gc_for_serving
     from windve.service import Runtime
     from windve.settings import load_settings
 
     runtime = await Runtime.start(load_settings())
+    tune_gc_for_serving()  # as `windve serve` and `windve calibrate` do once the runtime is up
     try:
         names = pools or runtime.pool_names
         qm = runtime.queue_manager

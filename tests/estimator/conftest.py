@@ -1,7 +1,9 @@
-"""Fixtures for the estimator tests: a real HTTP server in front of a simulated pool."""
+"""Fixtures for the estimator tests: a real HTTP server in front of a simulated pool, and the
+garbage collector kept out of the timings."""
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -13,6 +15,38 @@ import pytest
 from tests.servers import free_port, wait_healthy
 
 SIM_SERVER = Path(__file__).with_name("sim_server.py")
+
+
+@pytest.fixture(autouse=True)
+def collector_walks_only_this_test() -> Iterator[None]:
+    """Freeze what earlier tests and fixtures left alive, for the length of each test.
+
+    These tests time pools in this process, simulated ones in milliseconds. A full collection of
+    the suite's heap (the models, hypothesis, the Helm SDK) took 150-430 ms here and fell inside
+    timed levels; frozen, a collection walks only the test's own objects. The thresholds come back
+    too: `windve calibrate` run in-process sets them for serving (windve/gc_tuning.py).
+    """
+    thresholds = gc.get_threshold()
+    gc.freeze()
+    yield
+    gc.unfreeze()
+    gc.set_threshold(*thresholds)
+
+
+@pytest.fixture
+def collector_when_measuring(monkeypatch) -> list[int]:
+    """The young-generation threshold each time `windve calibrate` starts to measure its pools."""
+    from windve.commands import calibrate
+
+    seen: list[int] = []
+    measure = calibrate.calibrate_pools
+
+    async def recorded(*args, **kwargs):
+        seen.append(gc.get_threshold()[0])
+        return await measure(*args, **kwargs)
+
+    monkeypatch.setattr(calibrate, "calibrate_pools", recorded)
+    return seen
 
 
 @dataclass

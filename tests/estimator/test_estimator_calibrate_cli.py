@@ -18,6 +18,7 @@ import redis
 from estimator.calibration import load_calibration
 from tests.estimator.cli_runner import run_cli
 from windve.commands import calibrate
+from windve.gc_tuning import YOUNG_THRESHOLD
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -147,7 +148,7 @@ def test_unreachable_server_exits_1_and_says_so(tmp_path: Path, capsys) -> None:
 
 
 def test_calibrating_a_server_by_url_writes_json_png_table_and_redis(
-    sim_server_factory, redis_server, tmp_path: Path, capsys
+    sim_server_factory, redis_server, tmp_path: Path, capsys, collector_when_measuring: list[int]
 ) -> None:
     server = sim_server_factory("--per-query", "0.001", "--per-token", "0.00002")
     out, plot = tmp_path / "calibration.json", tmp_path / "calibration.png"
@@ -173,6 +174,8 @@ def test_calibrating_a_server_by_url_writes_json_png_table_and_redis(
     assert "published to Redis under windve:calibration:sim-rev-1:sim-host" in captured.out
     stored = redis.Redis.from_url(redis_server.url).get("windve:calibration:sim-rev-1:sim-host")
     assert json.loads(stored) == json.loads(out.read_text())
+    # The client times the server: its collector is set up as the server's own, start-up heap frozen.
+    assert collector_when_measuring == [YOUNG_THRESHOLD]
 
 
 @pytest.mark.parametrize(

@@ -39,6 +39,7 @@ from estimator.profile import profile_pool
 from estimator.recheck import SpeedCheck, reference_level
 from estimator.rounds import measure_interleaved
 from tests.estimator.cli_runner import run_cli
+from windve.gc_tuning import YOUNG_THRESHOLD
 
 SLO = 1.0
 TOKENS = 75
@@ -113,7 +114,9 @@ def test_estimated_depth_meets_the_slo_and_one_and_a_half_times_it_does_not(cpu_
     )
 
 
-def test_calibrate_command_in_process_writes_json_and_png(tmp_path: Path, capsys) -> None:
+def test_calibrate_command_in_process_writes_json_and_png(
+    tmp_path: Path, capsys, collector_when_measuring: list[int]
+) -> None:
     out, plot = tmp_path / "calibration.json", tmp_path / "calibration.png"
     code = run_cli(
         "--slo", "0.3", "--rounds", "2", "--max-concurrency", "64", "--recheck", "--out", str(out), "--plot", str(plot)
@@ -127,6 +130,8 @@ def test_calibrate_command_in_process_writes_json_and_png(tmp_path: Path, capsys
     assert "SLO (s)" in captured.out
     recheck = calibration.pools["cpu"].recheck
     assert recheck is not None and f"cpu recheck: C={recheck.concurrency} took" in captured.out
+    # The pools are measured in a process set up as `windve serve` sets up its own once ready.
+    assert collector_when_measuring == [YOUNG_THRESHOLD]
 
 
 def test_choose_cpu_layout_profiles_each_candidate_on_the_real_runtime(tmp_path: Path, capsys) -> None:
