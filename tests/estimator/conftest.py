@@ -21,10 +21,11 @@ SIM_SERVER = Path(__file__).with_name("sim_server.py")
 def collector_walks_only_this_test() -> Iterator[None]:
     """Freeze what earlier tests and fixtures left alive, for the length of each test.
 
-    These tests time pools in this process, simulated ones in milliseconds. A full collection of
-    the suite's heap (the models, hypothesis, the Helm SDK) took 150-430 ms here and fell inside
-    timed levels; frozen, a collection walks only the test's own objects. The thresholds come back
-    too: `windve calibrate` run in-process sets them for serving (windve/gc_tuning.py).
+    These tests time pools in this process, simulated ones in milliseconds. By then the suite's
+    heap holds ~600k objects: a full collection took 150-430 ms here and fell inside timed tests
+    (the fine-tuning and pipeline ones among them); frozen, a collection walks only the test's own
+    objects. The thresholds come back too: `windve calibrate` run in-process sets them for
+    serving (windve/gc_tuning.py).
     """
     thresholds = gc.get_threshold()
     gc.freeze()
