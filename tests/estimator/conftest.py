@@ -22,10 +22,11 @@ def collector_walks_only_this_test() -> Iterator[None]:
     """Freeze what earlier tests and fixtures left alive, for the length of each test.
 
     These tests time pools in this process, simulated ones in milliseconds. By then the suite's
-    heap holds ~600k objects: a full collection took 150-430 ms here and fell inside timed tests
-    (the fine-tuning and pipeline ones among them); frozen, a collection walks only the test's own
-    objects. The thresholds come back too: `windve calibrate` run in-process sets them for
-    serving (windve/gc_tuning.py).
+    heap holds ~600k objects, and a full collection of it took 150-430 ms here: inside a timed
+    level it reads as the pool's latency. Frozen, a collection walks only the test's own objects
+    (none took over 5 ms inside a test's call in a probe of the real-calibration and algorithm
+    tests). The thresholds come back too: `windve calibrate` run in-process sets them for serving
+    (windve/gc_tuning.py).
     """
     thresholds = gc.get_threshold()
     gc.freeze()
