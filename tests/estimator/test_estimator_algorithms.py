@@ -48,8 +48,9 @@ async def _with_pool(service: ServiceTime, body):
         await pool.close()
 
 
-# Ten times SERVICE's time scale, for tests that compare a measured tail with the expected one
-# within 10 %: a 25 ms stall of the shared machine once took 10 % of 43 ms, and 1.2 ms of 11 ms.
+# Ten times SERVICE's time scale, for tests that compare a measured tail, or a depth read off a few
+# short rounds, with the expected one within 10 %: a 25 ms stall of the shared machine once took
+# 10 % of 43 ms, and 1.2 ms of 11 ms.
 SERVICE_X10 = ServiceTime(per_batch=0.01, per_query=0.02, max_batch_size=8)
 
 
