@@ -119,6 +119,12 @@ class Calibration:
         measured = self.pools[pool]
         return crossing_check(measured.samples, measured.settled, max(self.slos))
 
+    def crossing_moved(self, pool: str) -> CrossingCheck | None:
+        """The settled crossing's check when it ran off the speed the fit expected, else None:
+        what the report and `windve serve` warn about."""
+        check = self.crossing_check(pool)
+        return check if check is not None and not check.steady else None
+
 
 _ADAPTER = TypeAdapter(Calibration)
 

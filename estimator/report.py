@@ -105,9 +105,9 @@ def format_report(calibration: Calibration) -> str:
             )
         if pool.recheck is not None:
             lines.append(f"  {name} recheck: {pool.recheck.describe()}")
-        crossing = calibration.crossing_check(name)
-        if crossing is not None and not crossing.steady:
-            lines.append(f"  {name}: {crossing.describe()}")
+        moved = calibration.crossing_moved(name)
+        if moved is not None:
+            lines.append(f"  {name}: {moved.describe()}")
         for entry in pool.depths:
             if entry.estimate is None:
                 lines.append(f"  {name} at {entry.slo:g} s: {entry.reason}")

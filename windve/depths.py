@@ -54,9 +54,9 @@ def depth_from_calibration(calibration: Calibration, pool: str, slo: float, orig
         log.warning("pool %s cannot meet the %.3g s SLO (%s): it takes no queries", pool, slo, reason)
     if measured.recheck is not None and not measured.recheck.steady:
         log.warning("pool %s calibration: %s", pool, measured.recheck.describe())
-    crossing = calibration.crossing_check(pool)
-    if crossing is not None and not crossing.steady:
-        log.warning("pool %s calibration: %s", pool, crossing.describe())
+    moved = calibration.crossing_moved(pool)
+    if moved is not None:
+        log.warning("pool %s calibration: %s", pool, moved.describe())
     charge = TokenCharge()
     if token_budget is not None and measured.length_fit is not None:
         charge = token_charge_for(measured.length_fit)

@@ -148,6 +148,7 @@ def test_the_settled_crossing_of_a_steady_pool_lands_on_the_slo() -> None:
     calibration = _calibrate_settled(slow_from_first_miss=False)
     check = calibration.crossing_check("cpu")
     assert check is not None and check.steady, check
+    assert calibration.crossing_moved("cpu") is None
     assert check.concurrency == calibration.pools["cpu"].settled == calibration.pools["cpu"].samples[-1].concurrency
     assert f"cpu: the fitted crossing C={check.concurrency} took" not in format_report(calibration)
 
@@ -156,6 +157,7 @@ def test_a_pool_that_slowed_during_its_profile_is_told_by_its_settled_crossing()
     calibration = _calibrate_settled(slow_from_first_miss=True)
     check = calibration.crossing_check("cpu")
     assert check is not None and not check.steady and check.ratio > 1.1, check
+    assert calibration.crossing_moved("cpu") == check
     assert f"cpu: the fitted crossing C={check.concurrency} took" in format_report(calibration)
 
 
