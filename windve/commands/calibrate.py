@@ -128,8 +128,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(default: 10x the largest SLO, at least 30)")
     parser.add_argument("--out", type=Path, default=Path("calibration.json"),
                         help="calibration JSON to write (default: %(default)s)")
-    parser.add_argument("--plot", type=Path, default=Path("calibration.png"),
-                        help="fit picture (PNG) to write (default: %(default)s)")
+    parser.add_argument("--plot", type=Path,
+                        help="fit picture (PNG) to write (default: beside --out, its name ending .png)")
     parser.add_argument("--url", help="profile the server running at this URL (POST URL/embed) instead of in-process")
     parser.add_argument("--redis-url", help="also publish the calibration to this Redis (default: WINDVE_REDIS_URL)")
     parser.add_argument("--config", type=Path, help="YAML/JSON settings file (env WINDVE_CONFIG)")
@@ -210,6 +210,8 @@ def _check_writable(path: Path, flag: str) -> None:
 
 
 def check_args(args: argparse.Namespace, max_tokens: int, min_tokens: int = 3) -> None:
+    if args.plot is None:  # a picture that lands beside its JSON, not in whatever directory the command ran in
+        args.plot = args.out.with_suffix(".png")
     _check_writable(args.out, "--out")
     _check_writable(args.plot, "--plot")
     if args.out.resolve() == args.plot.resolve():
