@@ -169,7 +169,7 @@ class QueueManager:
         try:
             return await request.future
         except asyncio.CancelledError:
-            self._cancel(request)
+            self.cancel(request)
             raise
 
     def admit(self, sequences: Sequence[np.ndarray], pool: str | None = None) -> Request:
@@ -233,7 +233,11 @@ class QueueManager:
         if self.in_flight == 0:
             self._idle.set()
 
-    def _cancel(self, request: Request) -> None:
+    def cancel(self, request: Request) -> None:
+        """Drop the request's queued queries and free their slots (its caller has gone).
+
+        Queries already in a running batch keep their slots until the batch ends.
+        """
         for query in request.queries:
             slot = query.slot
             if query.done or slot is None:
@@ -244,6 +248,7 @@ class QueueManager:
                 continue  # already in a running batch: its slot frees when the batch ends
             self._finish(query)
             query.pool.metrics.cancelled.inc()
+        request.queries.clear()  # see Request.deliver
 
     # ---- batching --------------------------------------------------------------------
 

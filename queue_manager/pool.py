@@ -56,6 +56,9 @@ class Request:
         self.remaining -= 1
         if self.remaining == 0 and not self.future.done():
             self.future.set_result(self.vectors)
+            # Each query points back at its request: the list left in place would make every
+            # answered request a reference cycle, freed only by the garbage collector.
+            self.queries.clear()
 
     def fail(self, error: BaseException) -> None:
         if not self.future.done():

@@ -16,8 +16,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from queue_manager.manager import QueueManager
-from queue_manager.pool import TokenCharge
+from queue_manager.pool import Request, TokenCharge
 from queue_manager.protocol import Busy, InstanceFailed, QueryFailed
+from tests.collector import cycles_left
 
 DIM = 4
 
@@ -362,3 +363,38 @@ def test_failover_moves_queries_to_a_healthy_instance():
         await qm.close()
 
     asyncio.run(scenario())
+
+
+def test_answered_and_cancelled_requests_are_freed_without_the_garbage_collector():
+    created: set[int] = set()  # ids, not references: a reference would keep them alive
+
+    async def scenario():
+        inst = ControlledInstance("cpu0")
+        qm = QueueManager([("cpu", 10, [inst])], max_batch_size=8)
+        admit = qm.admit
+
+        def recorded(*args, **kwargs) -> Request:
+            request = admit(*args, **kwargs)
+            created.add(id(request))
+            return request
+
+        qm.admit = recorded
+        await qm.start()
+        answered = asyncio.create_task(qm.submit([np.array([1]), np.array([2])]))
+        await settle()
+        waiting = asyncio.create_task(qm.submit([np.array([3])]))  # queued behind the running batch
+        await settle()
+        waiting.cancel()
+        await settle()
+        inst.complete()
+        await answered
+        last = asyncio.create_task(qm.submit([np.array([4])]))  # the batcher lets go of the batch before
+        await settle()
+        inst.complete()
+        await last
+        await qm.close()
+
+    with cycles_left() as found:
+        asyncio.run(scenario())
+    # Only this scenario's requests: earlier tests may leave theirs for the collector.
+    assert len(created) == 3 and [o.n for o in found if isinstance(o, Request) and id(o) in created] == []

@@ -102,19 +102,23 @@ class EmbeddingPipeline:
 
     async def _submit(self, sequences: list[np.ndarray], request: Request) -> np.ndarray:
         qm = self.runtime.queue_manager
-        submit = asyncio.ensure_future(qm.submit(sequences))
-        watch = asyncio.ensure_future(_until_disconnect(request))
+        # Admitted in this same step of the event loop as the room check: a request refused
+        # here costs no task, and no other request can take the room in between.
         try:
-            await asyncio.wait((submit, watch), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            watch.cancel()
-        if not submit.done():
-            submit.cancel()  # frees the queued queries' slots
-            raise ClientGone()
-        try:
-            return submit.result()
+            admitted = qm.admit(sequences)
         except Busy as exc:
             raise refusal(exc) from None
+        watch = asyncio.ensure_future(_until_disconnect(request))
+        try:
+            await asyncio.wait((admitted.future, watch), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watch.cancel()
+            if not admitted.future.done():  # the client left, or this handler was cancelled
+                qm.cancel(admitted)
+        if not admitted.future.done():
+            raise ClientGone()
+        try:
+            return admitted.future.result()
         except QueryFailed as exc:
             raise ApiError(503, f"inference failed: {exc}", BACKEND, retry_after=1) from None
 

@@ -1,0 +1,85 @@
+"""The HTTP request path's admission: what two requests meeting one free slot get, and leave behind.
+
+The queue manager, the tokenizer and the pipeline are the real ones; the instance is a test
+double whose batch finishes when the test says, so the order of events is the test's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import numpy as np
+from starlette.requests import Request as HttpRequest
+
+from queue_manager.manager import QueueManager
+from queue_manager.protocol import Busy
+from tests.collector import cycles_left
+from windve.api.errors import ApiError
+from windve.api.pipeline import EmbeddingPipeline
+from windve.settings import Settings
+from windve.tokenizer import TextTokenizer
+
+
+class HeldInstance:
+    """Embeds (unit vectors) once the test releases the batch."""
+
+    def __init__(self) -> None:
+        self.name = "cpu0"
+        self.release = asyncio.Event()
+
+    async def start(self) -> None:
+        pass
+
+    async def embed(self, sequences):
+        await self.release.wait()
+        return np.ones((len(sequences), 4), dtype=np.float32)
+
+    async def restart(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+
+def _staying_client() -> HttpRequest:
+    async def receive() -> dict:
+        await asyncio.Event().wait()  # the client never disconnects
+        return {}
+
+    return HttpRequest({"type": "http", "method": "POST", "path": "/embed", "headers": []}, receive)
+
+
+def test_of_two_requests_for_one_slot_the_second_is_refused_and_leaves_no_cycles(model_spec) -> None:
+    tokenizer = TextTokenizer(model_spec)
+    outcomes: list[object] = []
+
+    async def scenario() -> None:
+        instance = HeldInstance()
+        qm = QueueManager([("cpu", 1, [instance])])
+        await qm.start()
+        runtime = SimpleNamespace(
+            settings=Settings(), ready=True, tokenizer=tokenizer, queue_manager=qm, spec=model_spec
+        )
+        pipeline = EmbeddingPipeline(runtime)
+        # The first is admitted before the second runs its room check, which refuses it.
+        first = asyncio.create_task(pipeline.embed(["a text"], True, None, _staying_client(), "inputs"))
+        second = asyncio.create_task(pipeline.embed(["another"], True, None, _staying_client(), "inputs"))
+        await asyncio.wait((second,), timeout=30)
+        assert second.done() and not first.done()
+        instance.release.set()
+        vectors, _ = await first
+        outcomes.append(vectors.shape)
+        # The refusal described, not kept: kept, it would keep its objects alive past the collection.
+        refusal = second.exception()
+        status, retry_after = getattr(refusal, "status", None), getattr(refusal, "retry_after", None)
+        outcomes.append((type(refusal).__name__, status, retry_after))
+        await qm.close()
+
+    with cycles_left() as found:
+        asyncio.run(scenario())
+    shape, (refusal, status, retry_after) = outcomes
+    assert shape == (1, 4)
+    assert (refusal, status) == ("ApiError", 429) and retry_after is not None
+    # Refused in the same step as its room check: no task raised Busy and kept it in a cycle.
+    assert [type(o).__name__ for o in found if isinstance(o, (Busy, ApiError))] == []
