@@ -144,6 +144,9 @@ def main() -> None:
         process = start(command(port), port, health, env)
         try:
             run_wrk(port, script, 4, 3)  # warm-up, not reported
+            if name == "windve":  # clients past the depth get BUSY at once: say where that starts
+                pools = httpx.get(f"http://127.0.0.1:{port}/info", timeout=5).json()["pools"]
+                print("  windve depths: " + ", ".join(f"{p['name']} {p['depth']}" for p in pools), flush=True)
             results[name] = []
             for c in clients:
                 if name == "windve":
