@@ -83,3 +83,32 @@ def test_of_two_requests_for_one_slot_the_second_is_refused_and_leaves_no_cycles
     assert (refusal, status) == ("ApiError", 429) and retry_after is not None
     # Refused in the same step as its room check: no task raised Busy and kept it in a cycle.
     assert [type(o).__name__ for o in found if isinstance(o, (Busy, ApiError))] == []
+
+
+def test_a_cancelled_handler_frees_the_slots_its_queued_queries_held(model_spec) -> None:
+    tokenizer = TextTokenizer(model_spec)
+
+    async def scenario() -> None:
+        instance = HeldInstance()
+        qm = QueueManager([("cpu", 2, [instance])], max_batch_size=1)
+        await qm.start()
+        runtime = SimpleNamespace(
+            settings=Settings(), ready=True, tokenizer=tokenizer, queue_manager=qm, spec=model_spec
+        )
+        pipeline = EmbeddingPipeline(runtime)
+        running = asyncio.create_task(pipeline.embed(["in the batch"], True, None, _staying_client(), "inputs"))
+        queued = asyncio.create_task(pipeline.embed(["behind it"], True, None, _staying_client(), "inputs"))
+        for _ in range(100):  # event-loop steps, until both are admitted
+            if qm.pools[0].in_flight == 2:
+                break
+            await asyncio.sleep(0)
+        assert qm.pools[0].in_flight == 2
+        queued.cancel()  # e.g. the server stopping it: its query leaves the queue, its slot is free
+        await asyncio.wait((queued,))
+        assert queued.cancelled() and qm.pools[0].in_flight == 1
+        instance.release.set()
+        vectors, _ = await running
+        assert vectors.shape == (1, 4) and qm.pools[0].in_flight == 0
+        await qm.close()
+
+    asyncio.run(scenario())
