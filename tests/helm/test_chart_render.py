@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+from pathlib import PurePosixPath
 from typing import Any
 
 import pytest
@@ -216,6 +217,17 @@ def test_calibration_runs_where_and_as_the_serving_pods_run(
     assert env_of(calibrate) == {k: v for k, v in env_of(windve).items() if k != "WINDVE_API_KEY"}
     for key in ("nodeSelector", "tolerations", "affinity"):
         assert pod_spec(job).get(key) == pod_spec(server).get(key), key
+
+
+def test_calibration_writes_its_files_where_the_pod_can_write(releases: dict[str, Release]) -> None:
+    calibrate = container(releases["default"].job(), "calibrate")
+    assert calibrate["securityContext"]["readOnlyRootFilesystem"] is True
+    writable = [m["mountPath"] for m in calibrate["volumeMounts"] if not m.get("readOnly")]
+    args = calibrate["args"]
+    # Both named: a default lands in the working directory, on the read-only root filesystem.
+    for flag in ("--out", "--plot"):
+        path = PurePosixPath(args[args.index(flag) + 1])
+        assert any(path.is_relative_to(mount) for mount in writable), (flag, path, writable)
 
 
 def test_calibration_extra_args_are_passed_on(chart: Any) -> None:
