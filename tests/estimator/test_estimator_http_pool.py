@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
-import httpx
 import pytest
 from tokenizers import Tokenizer
 
-from estimator.http_pool import ExactLengthTexts, http_submitter, server_info
+from estimator.http_pool import ClientPerRequest, ExactLengthTexts, http_submitter, server_info
 from estimator.rounds import run_round
 from windve.model import ModelSpec
 
@@ -47,12 +46,12 @@ def test_submitter_posts_texts_and_turns_429_into_a_miss(sim_server_factory, tok
     texts = ExactLengthTexts(tokenizer)
 
     async def body():
-        async with httpx.AsyncClient() as client:
-            info = await server_info(client, server.url)
-            submit = http_submitter(client, server.url, texts.text_of)
+        async with ClientPerRequest() as clients:
+            info = await server_info(clients, server.url)
+            submit = http_submitter(clients, server.url, texts.text_of)
             await submit([texts.make_query(10)])  # answered: no exception
             outcomes = await run_round([(submit, [texts.make_query(10)]) for _ in range(5)])
-            missing = await server_info(client, server.url + "/nowhere")
+            missing = await server_info(clients, server.url + "/nowhere")
             return info, outcomes, missing
 
     info, outcomes, missing = asyncio.run(body())
@@ -62,3 +61,20 @@ def test_submitter_posts_texts_and_turns_429_into_a_miss(sim_server_factory, tok
     assert len(refused) == 2 and all("ServerRefused: HTTP 429" in error for error in refused)
     assert sum(1 for latency, error in outcomes if error is None and latency > 0) == 3
 
+
+
+def test_each_request_in_flight_has_its_own_client_and_rounds_reuse_them(
+    sim_server_factory, tokenizer: Tokenizer
+) -> None:
+    server = sim_server_factory("--per-query", "0.02")  # the 8 requests of a round overlap
+    texts = ExactLengthTexts(tokenizer)
+
+    async def body() -> int:
+        async with ClientPerRequest() as clients:
+            submit = http_submitter(clients, server.url, texts.text_of)
+            for _ in range(3):
+                outcomes = await run_round([(submit, [texts.make_query(10)]) for _ in range(8)])
+                assert all(error is None for _, error in outcomes), outcomes
+            return clients.created
+
+    assert asyncio.run(body()) == 8  # not 1 (one client's pool searched per request), not 24

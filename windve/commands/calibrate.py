@@ -396,9 +396,7 @@ def allow_open_files(wanted: int) -> str | None:
 async def _over_http(
     args: argparse.Namespace, settings: Any, spec: Any, options: CalibrationOptions, progress: ProgressHook
 ) -> Calibration:
-    import httpx
-
-    from estimator.http_pool import ExactLengthTexts, http_submitter, server_info
+    from estimator.http_pool import ClientPerRequest, ExactLengthTexts, http_submitter, server_info
     from windve.tokenizer import load_fast_tokenizer
 
     texts = ExactLengthTexts(load_fast_tokenizer(spec.path))
@@ -407,10 +405,9 @@ async def _over_http(
         print(f"{PROG}: warning: {short}", file=sys.stderr)
     headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
     # No client-side connection cap: queuing in the client would be timed as server latency.
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(limits=limits, timeout=options.request_timeout, headers=headers) as client:
-        info = await server_info(client, args.url)
-        submit = http_submitter(client, args.url, texts.text_of)
+    async with ClientPerRequest(timeout=options.request_timeout, headers=headers) as clients:
+        info = await server_info(clients, args.url)
+        submit = http_submitter(clients, args.url, texts.text_of)
         _, error = await timed_request(submit, [texts.make_query(options.query_tokens)], options.request_timeout)
         if error is not None:
             raise CalibrationRunError(f"{args.url.rstrip('/')}/embed does not answer: {error}")
