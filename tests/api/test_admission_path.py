@@ -10,12 +10,14 @@ import asyncio
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 from starlette.requests import Request as HttpRequest
 
 from queue_manager.manager import QueueManager
 from queue_manager.protocol import Busy
 from tests.collector import cycles_left
 from windve.api.pipeline import EmbeddingPipeline
+from windve.model import ModelSpec
 from windve.settings import Settings
 from windve.tokenizer import TextTokenizer
 
@@ -49,6 +51,22 @@ def _staying_client() -> HttpRequest:
     return HttpRequest({"type": "http", "method": "POST", "path": "/embed", "headers": []}, receive)
 
 
+@pytest.fixture(scope="module")
+def tokenizer(model_spec: ModelSpec) -> TextTokenizer:
+    return TextTokenizer(model_spec)
+
+
+def _pipeline_over(qm: QueueManager, tokenizer: TextTokenizer, spec: ModelSpec) -> EmbeddingPipeline:
+    """The HTTP path's pipeline on a ready runtime made of `qm` and the real tokenizer."""
+    runtime = SimpleNamespace(settings=Settings(), ready=True, tokenizer=tokenizer, queue_manager=qm, spec=spec)
+    return EmbeddingPipeline(runtime)
+
+
+def _embed(pipeline: EmbeddingPipeline, text: str) -> asyncio.Task:
+    """One /embed request of one text, from a client that stays, as a task."""
+    return asyncio.create_task(pipeline.embed([text], True, None, _staying_client(), "inputs"))
+
+
 def _recording_refusals(method, raised: set[int]):
     """`method`, noting the id of each Busy it raises (ids, not references, which would keep them)."""
 
@@ -62,8 +80,9 @@ def _recording_refusals(method, raised: set[int]):
     return call
 
 
-def test_of_two_requests_for_one_slot_the_second_is_refused_and_leaves_no_cycles(model_spec) -> None:
-    tokenizer = TextTokenizer(model_spec)
+def test_of_two_requests_for_one_slot_the_second_is_refused_and_leaves_no_cycles(
+    tokenizer: TextTokenizer, model_spec: ModelSpec
+) -> None:
     outcomes: list[object] = []
     raised: set[int] = set()
 
@@ -73,13 +92,9 @@ def test_of_two_requests_for_one_slot_the_second_is_refused_and_leaves_no_cycles
         qm.admit = _recording_refusals(qm.admit, raised)
         qm.check_room = _recording_refusals(qm.check_room, raised)
         await qm.start()
-        runtime = SimpleNamespace(
-            settings=Settings(), ready=True, tokenizer=tokenizer, queue_manager=qm, spec=model_spec
-        )
-        pipeline = EmbeddingPipeline(runtime)
+        pipeline = _pipeline_over(qm, tokenizer, model_spec)
         # The first is admitted before the second runs its room check, which refuses it.
-        first = asyncio.create_task(pipeline.embed(["a text"], True, None, _staying_client(), "inputs"))
-        second = asyncio.create_task(pipeline.embed(["another"], True, None, _staying_client(), "inputs"))
+        first, second = _embed(pipeline, "a text"), _embed(pipeline, "another")
         await asyncio.wait((second,), timeout=30)
         assert second.done() and not first.done()
         instance.release.set()
@@ -101,19 +116,16 @@ def test_of_two_requests_for_one_slot_the_second_is_refused_and_leaves_no_cycles
     assert len(raised) == 1 and [o for o in found if isinstance(o, Busy) and id(o) in raised] == []
 
 
-def test_a_cancelled_handler_frees_the_slots_its_queued_queries_held(model_spec) -> None:
-    tokenizer = TextTokenizer(model_spec)
+def test_a_cancelled_handler_frees_the_slots_its_queued_queries_held(
+    tokenizer: TextTokenizer, model_spec: ModelSpec
+) -> None:
 
     async def scenario() -> None:
         instance = HeldInstance()
         qm = QueueManager([("cpu", 2, [instance])], max_batch_size=1)
         await qm.start()
-        runtime = SimpleNamespace(
-            settings=Settings(), ready=True, tokenizer=tokenizer, queue_manager=qm, spec=model_spec
-        )
-        pipeline = EmbeddingPipeline(runtime)
-        running = asyncio.create_task(pipeline.embed(["in the batch"], True, None, _staying_client(), "inputs"))
-        queued = asyncio.create_task(pipeline.embed(["behind it"], True, None, _staying_client(), "inputs"))
+        pipeline = _pipeline_over(qm, tokenizer, model_spec)
+        running, queued = _embed(pipeline, "in the batch"), _embed(pipeline, "behind it")
         for _ in range(100):  # event-loop steps, until both are admitted
             if qm.pools[0].in_flight == 2:
                 break
