@@ -131,7 +131,7 @@ async def run_trial(pool: Pool, slo: float, options: CalibrationOptions, local_m
     speeds: list[tuple[str, SpeedCheck]] = []
 
     async def note_speed(after: str) -> None:
-        check = await recheck_speed(pool.submit, pool.make_query, profile.samples)
+        check = await recheck_speed(pool.submit, pool.make_query, profile.samples, profile.settled)
         if check is not None:
             speeds.append((after, check))
 

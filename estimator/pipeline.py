@@ -141,7 +141,8 @@ class _PoolCalibrator:
         stress = await self.stress(name, submit) if o.stress_step else None
         speed = (
             await recheck_speed(
-                submit, self.make_query, main.samples, timeout=o.request_timeout, pool=name, progress=self.progress,
+                submit, self.make_query, main.samples, main.settled,
+                timeout=o.request_timeout, pool=name, progress=self.progress,
             )
             if o.recheck
             else None

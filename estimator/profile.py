@@ -45,6 +45,11 @@ levels in full near a crossing at depth D cost about 3 x rounds x SLO; a stress 
 8 up to D, about rounds x SLO x D / 16 (its levels average half the SLO), so below D = 192 the
 three cost more than a quarter of that sweep (33-51 % measured at D ~ 125). There they bought no
 accuracy either (the pairs above, 4 against 6 of 12 at 0.5 s); at 254 they did (11 against 7).
+
+With scouting, a shallow settled crossing gets fewer rounds (`settle_rounds`): at most an eighth
+of what a step-8 stress test up to it costs, so 3 of 5 rounds at a depth of ~80 and 2 at ~60.
+Measured in full there, it alone cost a fifth to a quarter of that sweep, and its profiles
+23-37 % of it. The scouts that brought the profile there cost the same at any rounds.
 """
 
 from __future__ import annotations
@@ -70,6 +75,11 @@ MAX_LEVELS = 32
 
 # With `scout_aims=None`, a crossing predicted below this depth gets scouted aims (module doc).
 FULL_AIMS_MIN_DEPTH = 192
+
+# With scouting, the settled crossing costs at most this share of a stress test in steps of
+# STRESS_STEP up to it (`settle_rounds`, module doc).
+SETTLE_SHARE = 1 / 8
+STRESS_STEP = 8
 
 
 @dataclass(frozen=True)
@@ -161,6 +171,23 @@ def settle_level(samples: Sequence[LevelSample], slo: float, scouted_miss: bool 
     return level
 
 
+def settle_rounds(crossing: int, rounds: int, scout_rounds: int) -> int:
+    """The rounds the settled crossing gets: `rounds`, unless that level alone would cost more than
+    `SETTLE_SHARE` of a stress test up to it, which happens below a depth of 128 at this share.
+
+    A stress test in steps of 8 up to depth D measures D/8 levels whose tails average half the SLO
+    T: rounds x T x D/16; the settled level costs its rounds x T. So at D = 64 a settled level in
+    full alone costs a quarter of that sweep. Never fewer than 2 rounds (one round's tail moved by
+    up to 1.3x against six of the same level here) nor as few as a scout's; without scouting
+    (`scout_rounds` equal to `rounds`) every level, this one too, gets `rounds`.
+    """
+    if scout_rounds >= rounds:
+        return rounds
+    stress_cost_in_slos = rounds * crossing / (2 * STRESS_STEP)
+    affordable = math.floor(SETTLE_SHARE * stress_cost_in_slos)
+    return min(rounds, max(affordable, scout_rounds + 1, 2))
+
+
 async def profile_pool(
     submit: Submit,
     make_query: MakeQuery,
@@ -213,8 +240,11 @@ async def profile_pool(
     )
     reason, crossing = await run.levels()
     if crossing is not None:
-        run.samples.append(await measure(crossing, rounds))
+        crossing_rounds = settle_rounds(crossing, rounds, scout_rounds)
+        run.samples.append(await measure(crossing, crossing_rounds))
         reason += f"; the fitted crossing C={crossing} measured too"
+        if crossing_rounds < rounds:
+            reason += f" ({crossing_rounds} rounds: shallow)"
     return Profile(tuple(run.samples), time.perf_counter() - started, reason + run.aims_note, settled=crossing)
 
 

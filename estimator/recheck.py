@@ -55,8 +55,9 @@ class SpeedCheck:
         )
 
 
-def reference_level(samples: Sequence[LevelSample]) -> LevelSample | None:
-    """The deepest answered level among those the profile measured with its full rounds.
+def reference_level(samples: Sequence[LevelSample], settled: int | None = None) -> LevelSample | None:
+    """The deepest answered level among those the profile measured with its full rounds, or the
+    `settled` crossing (which a shallow profile measures with fewer: `estimator.profile.settle_rounds`).
 
     That is the level aimed past the SLO crossing (with `scout_aims`, the settled crossing):
     nearest to the depth, and measured as well as the recheck measures it. A scouted level (one
@@ -65,7 +66,16 @@ def reference_level(samples: Sequence[LevelSample]) -> LevelSample | None:
     """
     answered = [sample for sample in samples if math.isfinite(sample.p95) and sample.p95 > 0]
     most = max((sample.rounds for sample in answered), default=0)
-    return max((s for s in answered if s.rounds == most), key=lambda s: s.concurrency, default=None)
+    crossing = settled_sample(answered, settled)
+    measured = [s for s in answered if s.rounds == most or s is crossing]
+    return max(measured, key=lambda s: s.concurrency, default=None)
+
+
+def settled_sample(samples: Sequence[LevelSample], settled: int | None) -> LevelSample | None:
+    """The settled crossing's sample: of the levels at its concurrency, the one with the most rounds
+    (not a scout of it)."""
+    at_crossing = [s for s in samples if settled is not None and s.concurrency == settled]
+    return max(at_crossing, key=lambda s: s.rounds, default=None)
 
 
 @dataclass(frozen=True)
@@ -103,24 +113,22 @@ class CrossingCheck:
 
 def crossing_check(samples: Sequence[LevelSample], settled: int | None, slo: float) -> CrossingCheck | None:
     """The settled crossing against the SLO; None when the profile settled none."""
-    if settled is None:
-        return None
-    full = max((sample.rounds for sample in samples), default=0)
-    sample = next((s for s in reversed(samples) if s.concurrency == settled and s.rounds == full), None)
-    return None if sample is None else CrossingCheck(settled, sample.p95, slo)
+    sample = settled_sample(samples, settled)
+    return None if sample is None or settled is None else CrossingCheck(settled, sample.p95, slo)
 
 
 async def recheck_speed(
     submit: Submit,
     make_query: MakeQuery,
     samples: Sequence[LevelSample],
+    settled: int | None = None,
     *,
     timeout: float | None = None,
     pool: str = "pool",
     progress: ProgressHook | None = None,
 ) -> SpeedCheck | None:
     """Measure the reference level again, with the rounds it had; None when no level was answered."""
-    reference = reference_level(samples)
+    reference = reference_level(samples, settled)
     if reference is None:
         return None
     again = await measure_level(

@@ -24,6 +24,7 @@ from estimator.profile import (
     next_level,
     profile_pool,
     settle_level,
+    settle_rounds,
 )
 from estimator.rounds import LevelSample, Progress, measure_interleaved, measure_level
 from estimator.simulated import ServiceTime, SimulatedPool, constant_query
@@ -210,13 +211,45 @@ def test_settle_measures_the_fitted_crossing_in_full_and_the_depth_is_read_with_
     profile = asyncio.run(_with_pool(SERVICE, body))
     *before, settled = profile.samples
     # The settled level is the one the fit of everything before it said crosses the SLO, between
-    # the deepest level that met and the aimed one that missed, measured with all the rounds.
-    assert settled.concurrency == settle_level(before, SLO) == profile.settled and settled.rounds == 3
+    # the deepest level that met and the aimed one that missed, measured with the rounds its depth
+    # affords (2 of 3 at ~70, test_a_shallow_settled_crossing_gets_fewer_rounds).
+    assert settled.concurrency == settle_level(before, SLO) == profile.settled
+    assert settled.rounds == settle_rounds(settled.concurrency, 3, 1) == 2
     deepest_met = max(s.concurrency for s in before if s.meets(SLO))
     assert deepest_met < settled.concurrency < before[-1].concurrency and not before[-1].meets(SLO)
     assert f"the fitted crossing C={settled.concurrency} measured too" in profile.stop_reason
     assert close_to(decide_depth(fit_profile("sim", profile.samples), SLO, cap=256).depth,
                     SERVICE.optimum_depth(SLO, TOKENS))
+
+
+@pytest.mark.parametrize(
+    ("crossing", "rounds", "scout_rounds", "expected"),
+    [
+        (250, 5, 1, 5),  # deep: in full
+        (128, 5, 1, 5),  # from here on an eighth of a step-8 sweep affords all the rounds
+        (127, 5, 1, 4),
+        (81, 5, 1, 3),
+        (59, 5, 1, 2),
+        (10, 5, 1, 2),  # never one round: its tail alone moves by up to 1.3x
+        (59, 5, 3, 4),  # never as few as a scout
+        (59, 5, 5, 5),  # no scouting: every level in full
+        (59, 1, 1, 1),
+    ],
+)
+def test_a_shallow_settled_crossing_gets_fewer_rounds(
+    crossing: int, rounds: int, scout_rounds: int, expected: int
+) -> None:
+    assert settle_rounds(crossing, rounds, scout_rounds) == expected
+
+
+def test_a_deep_settled_crossing_is_measured_in_full() -> None:
+    async def body(pool: SimulatedPool):
+        return await profile_pool(pool.submit, constant_query, DEEP_SLO_X4, rounds=3, scout_rounds=1, settle=True)
+
+    profile = asyncio.run(_with_pool(DEEP_SERVICE_X4, body))
+    assert profile.settled is not None and profile.settled >= 128
+    assert profile.samples[-1].concurrency == profile.settled and profile.samples[-1].rounds == 3
+    assert "rounds: shallow" not in profile.stop_reason
 
 
 def test_scouting_the_aims_ends_on_the_first_scout_that_misses_and_settles_the_crossing_below_it() -> None:
@@ -228,8 +261,9 @@ def test_scouting_the_aims_ends_on_the_first_scout_that_misses_and_settles_the_c
     profile = asyncio.run(_with_pool(SERVICE, body))
     *before, settled = profile.samples
     # One query in full, every other level scouted up to the first miss (the aimed ones too), then
-    # the level the fit of those says crosses the SLO, in full.
-    assert [s.rounds for s in profile.samples] == [3] + [1] * (len(before) - 1) + [3]
+    # the level the fit of those says crosses the SLO, with the rounds its depth affords.
+    settled_rounds = settle_rounds(settled.concurrency, 3, 1)
+    assert [s.rounds for s in profile.samples] == [3] + [1] * (len(before) - 1) + [settled_rounds]
     assert all(s.meets(SLO) for s in before[:-1]) and not before[-1].meets(SLO)
     assert settled.concurrency == settle_level(before, SLO, scouted_miss=True)
     deepest_met = max(s.concurrency for s in before if s.meets(SLO))
@@ -294,8 +328,10 @@ def test_by_choice_the_aims_are_scouted_only_when_the_crossing_is_shallow(
     rounds = [s.rounds for s in profile.samples]
     concurrency = [s.concurrency for s in profile.samples]
     if shape == "scouted":
-        # As --scout-aims: C = 1 and the settled crossing in full, every level between scouted.
-        assert rounds == [3] + [1] * (len(rounds) - 2) + [3] and "(scouted)" in profile.stop_reason
+        # As --scout-aims: C = 1 in full, every level between scouted, the settled crossing with the
+        # rounds its depth affords.
+        assert rounds == [3] + [1] * (len(rounds) - 2) + [settle_rounds(concurrency[-1], 3, 1)]
+        assert "(scouted)" in profile.stop_reason
     elif shape == "aimed in full":
         # Chosen on the first aim (~242, scouted): the last growth scout (64) and that aim measured
         # again in full, in place, and every level after them, as with the aims in full.

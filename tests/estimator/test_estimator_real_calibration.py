@@ -92,7 +92,7 @@ def test_estimated_depth_meets_the_slo_and_one_and_a_half_times_it_does_not(cpu_
         assert fit.r2 > 0.9, profile.samples
         depth = decide_depth(fit, SLO, cap=defaults.max_concurrency, headroom=defaults.headroom).depth
         assert depth is not None and depth >= 2, (fit, profile.samples)
-        reference = reference_level(profile.samples)
+        reference = reference_level(profile.samples, profile.settled)
         assert reference is not None, profile.samples
         beyond = math.ceil(1.5 * depth)
         levels = list(dict.fromkeys([depth, beyond, reference.concurrency]))

@@ -36,6 +36,11 @@ def test_the_reference_is_the_deepest_answered_level_measured_in_full() -> None:
     assert reference_level(samples).concurrency == 64  # not the scout, not the level that failed
     assert reference_level([scout]).concurrency == 128  # only scouts: the deepest of them
     assert reference_level([_level(8, math.inf)]) is None
+    # A shallow settled crossing measured with fewer rounds is the reference, not C = 1 in full.
+    shallow = [_level(1, 0.02), LevelSample(4, 75, 1, 0.03, 0.03), LevelSample(64, 75, 1, 0.6, 0.6),
+               LevelSample(53, 75, 2, 0.5, 0.5)]
+    assert reference_level(shallow, settled=53) is shallow[-1]
+    assert reference_level(shallow).concurrency == 1
 
 
 def _calibrate(slow_down_at_stress: bool) -> Calibration:
@@ -62,8 +67,10 @@ def _calibrate(slow_down_at_stress: bool) -> Calibration:
 def test_recheck_of_a_steady_pool_finds_the_same_speed() -> None:
     pool = _calibrate(slow_down_at_stress=False).pools["cpu"]
     assert pool.recheck is not None and pool.recheck.steady, pool.recheck
-    # The level aimed at the crossing, measured in full in the profile and again.
-    assert pool.recheck.concurrency == max(s.concurrency for s in pool.samples if s.rounds == 3)
+    # The level aimed at the crossing, measured in full in the profile and again (or the settled
+    # crossing, when it is the deeper of the two).
+    measured = [s.concurrency for s in pool.samples if s.rounds == 3] + [pool.settled]
+    assert pool.recheck.concurrency == max(c for c in measured if c is not None)
 
 
 def test_recheck_finds_a_pool_that_slowed_after_its_profile() -> None:
@@ -121,6 +128,9 @@ def test_a_settled_crossing_within_ten_percent_of_the_slo_counts_as_steady(p95: 
     assert check.steady is steady and check.ratio == pytest.approx(p95 / 0.15)
     assert ("--headroom 0.2" in check.describe()) and "C=48" in check.describe()
     assert crossing_check(samples, None, 0.15) is None
+    # Settled with fewer rounds than the profile's full ones (a shallow crossing): still that level.
+    fewer = [_level(1, 0.01), LevelSample(64, 75, 1, 0.2, 0.2), LevelSample(48, 75, 2, p95, p95)]
+    assert crossing_check(fewer, 48, 0.15).p95 == p95
 
 
 def _calibrate_settled(slow_from_first_miss: bool) -> Calibration:
