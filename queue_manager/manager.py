@@ -238,6 +238,13 @@ class QueueManager:
 
         Queries already in a running batch keep their slots until the batch ends.
         """
+        for query in self._drop_queued(request):
+            query.pool.metrics.cancelled.inc()
+
+    def _drop_queued(self, request: Request) -> list[Query]:
+        """Take the request's still-queued queries off their queues and free their slots: no one
+        will read their answers. Returns them."""
+        dropped = []
         for query in request.queries:
             slot = query.slot
             if query.done or slot is None:
@@ -245,10 +252,11 @@ class QueueManager:
             try:
                 slot.queue.remove(query)
             except ValueError:
-                continue  # already in a running batch: its slot frees when the batch ends
+                continue  # in a running batch (its slot frees when the batch ends), or being failed over
             self._finish(query)
-            query.pool.metrics.cancelled.inc()
+            dropped.append(query)
         request.queries.clear()  # see Request.deliver
+        return dropped
 
     # ---- batching --------------------------------------------------------------------
 
@@ -332,6 +340,9 @@ class QueueManager:
         for query in orphans:
             if query.done:
                 continue
+            if query.request.future.done():  # its request failed or its caller left: no one waits
+                self._finish(query)
+                continue
             query.attempts += 1
             target = slot.pool.least_loaded(exclude=slot)
             if query.attempts >= MAX_ATTEMPTS or target is None:
@@ -363,11 +374,14 @@ class QueueManager:
         slot.task = asyncio.create_task(self._batcher(slot), name=f"batcher-{slot.name}")
 
     def _fail_query(self, query: Query, error: Exception) -> None:
+        """Fail the query's request, and drop its other queries still queued: computing them would
+        only spend an instance on answers no one reads."""
         if query.done:
             return
         self._finish(query)
         query.pool.metrics.failed.inc()
         query.request.fail(error)
+        self._drop_queued(query.request)
 
     def _fail_batch(self, batch: list[Query], error: Exception) -> None:
         for query in batch:

@@ -398,3 +398,37 @@ def test_answered_and_cancelled_requests_are_freed_without_the_garbage_collector
         asyncio.run(scenario())
     # Only this scenario's requests: earlier tests may leave theirs for the collector.
     assert len(created) == 3 and [o.n for o in found if isinstance(o, Request) and id(o) in created] == []
+
+
+def test_a_failed_request_drops_its_queued_queries_and_is_freed_without_the_garbage_collector():
+    created: set[int] = set()
+    outcome: dict[str, object] = {}
+
+    async def scenario():
+        a, b = ControlledInstance("a"), ControlledInstance("b")
+        qm = QueueManager([("cpu", 10, [a, b])], max_batch_size=1)
+        admit = qm.admit
+
+        def recorded(*args, **kwargs) -> Request:
+            request = admit(*args, **kwargs)
+            created.add(id(request))
+            return request
+
+        qm.admit = recorded
+        await qm.start()
+        request = asyncio.create_task(qm.submit([np.array([1]), np.array([2]), np.array([3])]))
+        await settle()  # one query running on each instance, the third queued behind one of them
+        a.fail()  # its queries move to b; a restarts
+        await settle()
+        b.fail()  # the query that already met a fails for good, and with it the request
+        await settle()
+        with pytest.raises(QueryFailed):
+            await request
+        # The query b's failure moved to the restarted a was dropped, not computed for no one.
+        outcome.update(calls=(a.calls, b.calls), in_flight=qm.in_flight, pending=(a.pending, b.pending))
+        await qm.close()
+
+    with cycles_left() as found:
+        asyncio.run(scenario())
+    assert outcome == {"calls": (1, 1), "in_flight": 0, "pending": (None, None)}
+    assert len(created) == 1 and [o.n for o in found if isinstance(o, Request) and id(o) in created] == []
