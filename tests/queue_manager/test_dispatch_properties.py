@@ -365,20 +365,25 @@ def test_failover_moves_queries_to_a_healthy_instance():
     asyncio.run(scenario())
 
 
+def record_requests(qm: QueueManager, created: set[int]) -> None:
+    """Note the id of every request `qm` admits (ids, not references: a reference would keep it alive)."""
+    admit = qm.admit
+
+    def recorded(*args, **kwargs) -> Request:
+        request = admit(*args, **kwargs)
+        created.add(id(request))
+        return request
+
+    qm.admit = recorded
+
+
 def test_answered_and_cancelled_requests_are_freed_without_the_garbage_collector():
-    created: set[int] = set()  # ids, not references: a reference would keep them alive
+    created: set[int] = set()
 
     async def scenario():
         inst = ControlledInstance("cpu0")
         qm = QueueManager([("cpu", 10, [inst])], max_batch_size=8)
-        admit = qm.admit
-
-        def recorded(*args, **kwargs) -> Request:
-            request = admit(*args, **kwargs)
-            created.add(id(request))
-            return request
-
-        qm.admit = recorded
+        record_requests(qm, created)
         await qm.start()
         answered = asyncio.create_task(qm.submit([np.array([1]), np.array([2])]))
         await settle()
@@ -407,14 +412,7 @@ def test_a_failed_request_drops_its_queued_queries_and_is_freed_without_the_garb
     async def scenario():
         a, b = ControlledInstance("a"), ControlledInstance("b")
         qm = QueueManager([("cpu", 10, [a, b])], max_batch_size=1)
-        admit = qm.admit
-
-        def recorded(*args, **kwargs) -> Request:
-            request = admit(*args, **kwargs)
-            created.add(id(request))
-            return request
-
-        qm.admit = recorded
+        record_requests(qm, created)
         await qm.start()
         request = asyncio.create_task(qm.submit([np.array([1]), np.array([2]), np.array([3])]))
         await settle()  # one query running on each instance, the third queued behind one of them
