@@ -49,7 +49,9 @@ accuracy either (the pairs above, 4 against 6 of 12 at 0.5 s); at 254 they did (
 With scouting, a shallow settled crossing gets fewer rounds (`settle_rounds`): at most an eighth
 of what a step-8 stress test up to it costs, so 3 of 5 rounds at a depth of ~80 and 2 at ~60.
 Measured in full there, it alone cost a fifth to a quarter of that sweep, and its profiles
-23-37 % of it. The scouts that brought the profile there cost the same at any rounds.
+23-37 % of it; with 3 rounds, 10-21 % at 0.5 s here (within 5 % of a step-1 sweep in 9 of 13
+runs, as often as before), and 2 rounds put the simulated shallow pool at 25 % at 3 rounds. The
+scouts that brought the profile there cost the same at any rounds.
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ from estimator.rounds import (
     measure_level,
     warm_up,
 )
+from estimator.stress import DEFAULT_STEP
 
 # Stop after this many levels whatever happens: every plan below makes progress, this only
 # bounds a pool whose latency jumps about so much that the aim keeps moving.
@@ -77,9 +80,8 @@ MAX_LEVELS = 32
 FULL_AIMS_MIN_DEPTH = 192
 
 # With scouting, the settled crossing costs at most this share of a stress test in steps of
-# STRESS_STEP up to it (`settle_rounds`, module doc).
+# DEFAULT_STEP up to it (`settle_rounds`, module doc).
 SETTLE_SHARE = 1 / 8
-STRESS_STEP = 8
 
 
 @dataclass(frozen=True)
@@ -183,7 +185,7 @@ def settle_rounds(crossing: int, rounds: int, scout_rounds: int) -> int:
     """
     if scout_rounds >= rounds:
         return rounds
-    stress_cost_in_slos = rounds * crossing / (2 * STRESS_STEP)
+    stress_cost_in_slos = rounds * crossing / (2 * DEFAULT_STEP)
     affordable = math.floor(SETTLE_SHARE * stress_cost_in_slos)
     return min(rounds, max(affordable, scout_rounds + 1, 2))
 

@@ -114,7 +114,7 @@ class CrossingCheck:
 def crossing_check(samples: Sequence[LevelSample], settled: int | None, slo: float) -> CrossingCheck | None:
     """The settled crossing against the SLO; None when the profile settled none."""
     sample = settled_sample(samples, settled)
-    return None if sample is None or settled is None else CrossingCheck(settled, sample.p95, slo)
+    return None if sample is None else CrossingCheck(sample.concurrency, sample.p95, slo)
 
 
 async def recheck_speed(

@@ -25,6 +25,8 @@ from sklearn.isotonic import IsotonicRegression
 from estimator.fit import DEFAULT_DEPTH_CAP
 from estimator.rounds import LevelSample, MakeQuery, ProgressHook, Submit, measure_joint, measure_level, warm_up
 
+DEFAULT_STEP = 8  # the paper's stress-test baseline: C raised by 8 until the SLO breaks
+
 
 @dataclass(frozen=True)
 class StressResult:
@@ -88,7 +90,7 @@ async def stress_test(
     make_query: MakeQuery,
     slos: Sequence[float],
     *,
-    step: int = 8,
+    step: int = DEFAULT_STEP,
     query_tokens: int = 75,
     rounds: int = 5,
     max_concurrency: int = DEFAULT_DEPTH_CAP,

@@ -33,6 +33,7 @@ from estimator.pipeline import (
 )
 from estimator.profile import FULL_AIMS_MIN_DEPTH
 from estimator.rounds import Progress, ProgressHook, timed_request
+from estimator.stress import DEFAULT_STEP
 from windve.gc_tuning import tune_gc_for_serving
 
 log = logging.getLogger("windve.calibrate")
@@ -159,7 +160,7 @@ def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-concurrency", type=_positive(int, "--max-concurrency"), default=DEFAULT_DEPTH_CAP,
                         help="highest concurrency profiled; also caps every depth (default: %(default)s, the cap "
                              "of the depth windve serve probes without a calibration)")
-    parser.add_argument("--step", type=_positive(int, "--step"), default=8,
+    parser.add_argument("--step", type=_positive(int, "--step"), default=DEFAULT_STEP,
                         help="stress-test step (default: %(default)s)")
 
 
