@@ -13,7 +13,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from estimator.calibration import Calibration, PoolCalibration
-from estimator.recheck import settled_sample
+from estimator.recheck import measured_in_full
 
 _SLO_COLORS = ("tab:red", "tab:purple", "tab:brown", "tab:olive")
 
@@ -26,10 +26,8 @@ def _finite(values: list[float]) -> np.ndarray:
 def _draw_pool(axes, name: str, pool: PoolCalibration, query_tokens: int) -> None:
     concurrency = [s.concurrency for s in pool.samples]
     worst = _finite([s.max for s in pool.samples])
-    settled = settled_sample(pool.samples, pool.settled)
-    most = max(s.rounds for s in pool.samples)
-    full = [s for s in pool.samples if s.rounds == most or s is settled]
-    scouted = [s for s in pool.samples if s.rounds < most and s is not settled]
+    full = measured_in_full(pool.samples, pool.settled)
+    scouted = [s for s in pool.samples if not any(s is f for f in full)]
     axes.scatter(
         [s.concurrency for s in full], _finite([s.p95 for s in full]), color="tab:blue", label="p95 (profiled)",
         zorder=3,

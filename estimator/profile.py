@@ -49,9 +49,9 @@ accuracy either (the pairs above, 4 against 6 of 12 at 0.5 s); at 254 they did (
 With scouting, a shallow settled crossing gets fewer rounds (`settle_rounds`): at most an eighth
 of what a step-8 stress test up to it costs, so 3 of 5 rounds at a depth of ~80 and 2 at ~60.
 Measured in full there, it alone cost a fifth to a quarter of that sweep, and its profiles
-23-37 % of it; with 3 rounds, 10-21 % at 0.5 s here (within 5 % of a step-1 sweep in 9 of 13
-runs, as often as before), and 2 rounds put the simulated shallow pool at 25 % at 3 rounds. The
-scouts that brought the profile there cost the same at any rounds.
+23-37 % of it. With 3 of 5 rounds, profiles at 0.5 s here cost 10-21 % (within 5 % of a step-1
+sweep in 9 of 13 runs); with 2 of 3, the simulated shallow pool's cost 25 %. The scouts that
+brought the profile there cost the same at any rounds.
 """
 
 from __future__ import annotations

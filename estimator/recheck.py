@@ -65,10 +65,15 @@ def reference_level(samples: Sequence[LevelSample], settled: int | None = None) 
     level in the same minute.
     """
     answered = [sample for sample in samples if math.isfinite(sample.p95) and sample.p95 > 0]
-    most = max((sample.rounds for sample in answered), default=0)
-    crossing = settled_sample(answered, settled)
-    measured = [s for s in answered if s.rounds == most or s is crossing]
-    return max(measured, key=lambda s: s.concurrency, default=None)
+    return max(measured_in_full(answered, settled), key=lambda s: s.concurrency, default=None)
+
+
+def measured_in_full(samples: Sequence[LevelSample], settled: int | None) -> list[LevelSample]:
+    """The levels measured with the profile's full rounds, and the settled crossing whatever its
+    rounds: every level but the scouted ones."""
+    most = max((sample.rounds for sample in samples), default=0)
+    crossing = settled_sample(samples, settled)
+    return [s for s in samples if s.rounds == most or s is crossing]
 
 
 def settled_sample(samples: Sequence[LevelSample], settled: int | None) -> LevelSample | None:
