@@ -82,7 +82,7 @@ def bench_engine(spec, batches: list[int], rounds: int, skip_st: bool) -> None:
 
     import torch
 
-    from windve.cpu.instance import CpuWorkerInstance
+    from windve.engine_process.instance import CpuWorkerInstance
     from windve.engines import pad_batch
     from windve.engines.torch_engine import TorchEngine
 
@@ -131,7 +131,7 @@ def bench_engine(spec, batches: list[int], rounds: int, skip_st: bool) -> None:
 def bench_tp(spec, batches: list[int], rounds: int) -> None:
     import asyncio
 
-    from windve.cpu.instance import CpuWorkerInstance
+    from windve.engine_process.instance import CpuWorkerInstance
 
     _, ids = make_queries(spec, max(batches))
     plans = {

@@ -234,7 +234,7 @@ def build_instance(
     # Accelerator-pool instances run in the service process, fed by one thread, even when an
     # explicit plan puts a CPU engine there: that is the accelerator path, run on this CPU.
     if inst.device == "cpu" and inst.pool == "cpu" and settings.cpu_worker_processes:
-        from windve.cpu.instance import CpuWorkerInstance
+        from windve.engine_process.instance import CpuWorkerInstance
 
         by_node = hardware.topology.cores_by_node(inst.cores)
         return CpuWorkerInstance(

@@ -12,7 +12,7 @@ import pytest
 from cpu_helpers import assert_close, own_segments, reference_embeddings, token_batch
 
 from queue_manager.protocol import Instance, InstanceFailed
-from windve.cpu.instance import CpuWorkerInstance
+from windve.engine_process.instance import CpuWorkerInstance
 
 REDUCE_TIMEOUT = 4.0  # generous: ranks on a loaded machine must not time out by accident
 

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from windve.cpu import wire
+from windve.engine_process import wire
 from windve.engines import pad_batch
 
 

@@ -10,7 +10,7 @@ from cpu_helpers import assert_close, own_segments, reference_embeddings, token_
 
 from queue_manager.protocol import InstanceFailed
 from windve.cpu.bert_shapes import TensorParallelError
-from windve.cpu.instance import CpuWorkerInstance
+from windve.engine_process.instance import CpuWorkerInstance
 from windve.engines.torch_engine import TorchEngine
 from windve.model import load_model_spec
 

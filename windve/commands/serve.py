@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args, "windve serve")
     logging.getLogger().setLevel(settings.log_level.upper())
     from devices import DeviceError
-    from windve.api.app import create_app
+    from windve.frontend.app import create_app
     from windve.service import check_plan
 
     try:

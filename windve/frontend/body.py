@@ -7,7 +7,7 @@ from typing import Any
 import orjson
 from starlette.requests import Request
 
-from windve.api.errors import TOO_LARGE, VALIDATION, ApiError
+from windve.frontend.errors import TOO_LARGE, VALIDATION, ApiError
 
 
 async def read_json(request: Request, limit: int) -> Any:

@@ -16,7 +16,7 @@ import subprocess
 import sys
 from multiprocessing.connection import Connection
 
-from windve.cpu.worker import THREAD_VARIABLES, RankPlan
+from windve.engine_process.worker import THREAD_VARIABLES, RankPlan
 
 
 class RankProcess:
@@ -26,7 +26,7 @@ class RankProcess:
         env.update({variable: str(len(plan.cores)) for variable in THREAD_VARIABLES})
         try:
             self.popen = subprocess.Popen(
-                [sys.executable, "-m", "windve.cpu.worker", str(child_sock.fileno())],
+                [sys.executable, "-m", "windve.engine_process.worker", str(child_sock.fileno())],
                 pass_fds=(child_sock.fileno(),),
                 env=env,
             )

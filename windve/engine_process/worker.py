@@ -1,6 +1,6 @@
 """The main function of a pinned CPU worker process (one per TP rank).
 
-Started as `python -m windve.cpu.worker <fd>`: a fresh interpreter, like multiprocessing's
+Started as `python -m windve.engine_process.worker <fd>`: a fresh interpreter, like multiprocessing's
 spawn, but without spawn's re-import of the parent's __main__ (the service's console
 script would pull torch into the child before it could pin itself). The plan arrives as
 JSON on the socket `fd`; the same socket then carries the binary messages of wire.py.
@@ -85,7 +85,7 @@ def rank_main(plan: RankPlan, conn: Connection) -> None:
     imported_early = sorted(name for name in ("numpy", "torch") if name in sys.modules)
     pin_process(plan.cores)
     membind = bind_memory(plan.numa_node)
-    from windve.cpu import wire
+    from windve.engine_process import wire
 
     try:
         import torch
@@ -141,7 +141,7 @@ class EngineServer:
         self.dim = self.engine.dim
 
     def serve(self) -> None:
-        from windve.cpu import wire
+        from windve.engine_process import wire
 
         while True:
             try:
@@ -199,20 +199,20 @@ class RankServer:
         try:
             self._serve_rank0() if self.plan.rank == 0 else self._serve_peer()
         except Exception as error:  # the group is out of step now: tell the parent and die
-            from windve.cpu import wire
+            from windve.engine_process import wire
 
             _report(self.conn, wire.encode_json(wire.ERROR, 0, {"message": _describe(error), "fatal": True}))
             sys.exit(1)
 
     def _embed(self, buffer) -> np.ndarray:
-        from windve.cpu import wire
+        from windve.engine_process import wire
 
         lengths, ids = wire.decode_request(buffer)
         return self.model.embed(*wire.pad_ids(lengths, ids, self.model.shapes.pad_id))
 
     def _invalid(self, buffer) -> str | None:
         """Checked before the broadcast, so a bad batch fails alone and the group stays in step."""
-        from windve.cpu import wire
+        from windve.engine_process import wire
 
         lengths, ids = wire.decode_request(buffer)
         shapes = self.model.shapes
@@ -226,7 +226,7 @@ class RankServer:
         return None
 
     def _serve_rank0(self) -> None:
-        from windve.cpu import wire
+        from windve.engine_process import wire
 
         while True:
             buffer = self.comm.next_input()
@@ -250,7 +250,7 @@ class RankServer:
             self.conn.send_bytes(wire.encode_result(request_id, embeddings, time.perf_counter() - started))
 
     def _serve_peer(self) -> None:
-        from windve.cpu import wire
+        from windve.engine_process import wire
 
         parent = os.getppid()
         while True:

@@ -9,9 +9,9 @@ import numpy as np
 from starlette.requests import Request
 
 from queue_manager.protocol import Busy, QueryFailed, ShuttingDown
-from windve.api import metrics
-from windve.api.errors import BACKEND, OVERLOADED, TOO_LARGE, UNHEALTHY, VALIDATION, ApiError
 from windve.cache import EmbeddingCache, cache_keys
+from windve.frontend import metrics
+from windve.frontend.errors import BACKEND, OVERLOADED, TOO_LARGE, UNHEALTHY, VALIDATION, ApiError
 from windve.service import Runtime
 from windve.tokenizer import InputTooLong
 

@@ -13,10 +13,10 @@ from fastapi.exceptions import RequestValidationError
 from starlette.requests import Request
 
 import windve
-from windve.api.errors import VALIDATION, ApiError
-from windve.api.pipeline import EmbeddingPipeline
-from windve.api.routes import router
 from windve.cache import create_cache
+from windve.frontend.errors import VALIDATION, ApiError
+from windve.frontend.pipeline import EmbeddingPipeline
+from windve.frontend.routes import router
 from windve.gc_tuning import tune_gc_for_serving
 from windve.service import Runtime
 from windve.settings import Settings

@@ -11,7 +11,7 @@ import threading
 
 from starlette.testclient import TestClient
 
-from windve.api.app import create_app
+from windve.frontend.app import create_app
 from windve.settings import Settings
 
 

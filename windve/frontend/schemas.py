@@ -16,7 +16,7 @@ from pydantic import (
     field_validator,
 )
 
-from windve.api.errors import VALIDATION, ApiError
+from windve.frontend.errors import VALIDATION, ApiError
 
 
 def as_list(texts: str | list[str]) -> list[str]:

@@ -16,7 +16,7 @@ from starlette.requests import Request as HttpRequest
 from queue_manager.manager import QueueManager
 from queue_manager.protocol import Busy
 from tests.collector import cycles_left
-from windve.api.pipeline import EmbeddingPipeline
+from windve.frontend.pipeline import EmbeddingPipeline
 from windve.model import ModelSpec
 from windve.settings import Settings
 from windve.tokenizer import TextTokenizer

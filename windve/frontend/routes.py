@@ -22,11 +22,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 import windve
-from windve.api import metrics
-from windve.api.body import read_json
-from windve.api.errors import NOT_FOUND, UNAUTHORIZED, ApiError, json_response
-from windve.api.pipeline import ClientGone, EmbeddingPipeline
-from windve.api.schemas import (
+from windve.frontend import metrics
+from windve.frontend.body import read_json
+from windve.frontend.errors import NOT_FOUND, UNAUTHORIZED, ApiError, json_response
+from windve.frontend.pipeline import ClientGone, EmbeddingPipeline
+from windve.frontend.schemas import (
     EmbedRequest,
     OpenAIEmbeddingRequest,
     OpenAIEmbeddingResponse,

@@ -24,13 +24,13 @@ from multiprocessing.connection import wait
 import numpy as np
 
 from queue_manager.protocol import InstanceFailed
-from windve.cpu import wire
 from windve.cpu.allreduce import create_group_segment, read_counters
 from windve.cpu.bert_shapes import check_tp_degree, read_bert_shapes
-from windve.cpu.launch import RankProcess
 from windve.cpu.layout import GroupLayout
 from windve.cpu.shm import Segment
-from windve.cpu.worker import RankPlan
+from windve.engine_process import wire
+from windve.engine_process.launch import RankProcess
+from windve.engine_process.worker import RankPlan
 from windve.engines.factory import resolve_dtype
 from windve.model import ModelSpec
 
