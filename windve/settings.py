@@ -40,9 +40,13 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=1, le=65535)
     api_key: str | None = None
-    max_client_batch_size: int = Field(64, ge=1)
+    max_client_batch_size: int = Field(2048, ge=1)  # inputs per request (OpenAI's limit)
     max_request_bytes: int = Field(2 * 1024 * 1024, ge=1024)
+    max_tokenize_tokens: int = Field(131_072, ge=64)  # tokens one /tokenize request may return
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # Front-end processes (HTTP, validation, tokenization). None = from the reserved service
+    # cores: 1 where one process is fastest (small machines).
+    http_workers: int | None = Field(None, ge=1, le=64)
 
     # Model
     model: str | None = None  # local folder or model id; None = bundled all-MiniLM-L6-v2
@@ -53,15 +57,26 @@ class Settings(BaseSettings):
     onnx_cache_dir: Path = Path(os.path.expanduser("~/.cache/windve/onnx"))
     truncate: bool = True  # default for requests that do not say
     max_input_tokens: int | None = Field(None, ge=8)  # cap below the model's own limit
+    matryoshka_dims: list[int] | None = None  # dimensions `dimensions` may ask for; None = the model's
 
     # Batching and queueing
-    max_batch_size: int = Field(32, ge=1)
-    max_batch_tokens: int = Field(16384, ge=64)
+    max_batch_size: int = Field(32, ge=1)  # CPU pool: queries per batch
+    max_batch_tokens: int = Field(16384, ge=64)  # CPU pool: padded tokens per batch
+    # Accelerator pool: batches bounded by a token budget (TEI's default), sized for the device.
+    accelerator_max_batch_size: int = Field(1024, ge=1)
+    accelerator_max_batch_tokens: int = Field(16384, ge=64)
+    cuda_graphs: bool = False  # capture CUDA graphs per length bucket (costs start-up time)
     slo_seconds: float = Field(1.0, gt=0)
     heterogeneous: bool = True
     accelerator_depth: int | None = Field(None, ge=1)  # queries; None = calibration or default
     cpu_depth: int | None = Field(None, ge=1)
     calibration_file: Path | None = None
+    # adaptive: the dispatcher refits latency = alpha*C + beta from live answers and moves each
+    # depth toward the SLO crossing; static: the paper's fixed depths.
+    depth_control: Literal["adaptive", "static"] = "adaptive"
+    depth_cap: float = Field(2.0, ge=1.0)  # adaptive depth <= calibrated or probed depth x this
+    bulk_share: float = Field(0.5, gt=0, le=1)  # share of a pool's depth that bulk requests may hold
+    heartbeat_timeout_seconds: float = Field(5.0, gt=0)  # engine process silent this long = dead
 
     # Devices
     device: Literal["auto", "cpu", "cuda", "npu"] = "auto"
