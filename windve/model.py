@@ -1,4 +1,26 @@
-"""Find a model and read what sentence-transformers says about it (pooling, length, normalize).
+"""Find a model and read its sentence-transformers pipeline from modules.json.
+
+Supported, as sentence-transformers 3.x to 6.x save them:
+
+    Transformer -> Pooling -> Dense (zero or more) -> Normalize (optional)
+
+- Transformer: the folder's root (config.json, tokenizer, safetensors weights). Its length
+  limit is sentence_bert_config.json's max_seq_length (up to 5.x) or tokenizer_config.json's
+  model_max_length (6.x), capped by the position embeddings.
+- Pooling: cls, max, mean, mean_sqrt_len_tokens, weightedmean or lasttoken, or several of
+  them concatenated; configs in 6.x form (`pooling_mode`, `embedding_dimension`) or the older
+  booleans (`pooling_mode_mean_tokens`, ..., `word_embedding_dimension`). `include_prompt`
+  never matters here: this service applies no prompts.
+- Dense: a linear layer, an activation from DENSE_ACTIVATIONS, optionally the residual of
+  6.x; weights from its model.safetensors only.
+- Normalize: recorded as `normalize`; the front end applies it.
+
+A folder without modules.json is a plain transformer with mean pooling, as
+sentence-transformers assumes. Any other module type, or another order, is a ModelError.
+
+Matryoshka dimensions: sentence-transformers declares none in config_sentence_transformers.json;
+the only trace is the model card it writes after training with MatryoshkaLoss (the loss's
+parameters as a JSON block). Those are read, and the operator's list overrides them.
 
 Weights are only ever read from safetensors files, and remote code stays off unless
 the operator turns it on.
@@ -8,12 +30,34 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
-Pooling = Literal["mean", "cls"]
+log = logging.getLogger(__name__)
+
+POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
+# The 3.x-style booleans, in the order sentence-transformers concatenates their outputs.
+LEGACY_POOLING_KEYS = {
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_max_tokens": "max",
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+    "pooling_mode_weightedmean_tokens": "weightedmean",
+    "pooling_mode_lasttoken": "lasttoken",
+}
+# torch.nn activation classes a Dense config may name (sentence-transformers builds them without
+# arguments, so torch's defaults are the model's). windve.engines.head implements each one.
+DENSE_ACTIVATIONS = ("Identity", "Tanh", "Sigmoid", "ReLU", "GELU", "SiLU", "LeakyReLU", "ELU", "Softplus", "Mish")
+SENTENCE_EMBEDDING = "sentence_embedding"
+MODULE_KINDS = ("Transformer", "Pooling", "Dense", "Normalize")
+SUPPORTED_PIPELINE = re.compile(r"Transformer -> Pooling( -> Dense)*( -> Normalize)?")
+SUPPORTED_TEXT = "supported is Transformer -> Pooling -> Dense (any number) -> Normalize (optional)"
+# HF tokenizers say "no limit" with a huge model_max_length (transformers' VERY_LARGE_INTEGER).
+NO_TOKENIZER_LIMIT = 1 << 40
 
 # These number positions from padding_idx + 1 (HF's create_position_ids_from_input_ids).
 ROBERTA_FAMILY = ("roberta", "xlm-roberta", "camembert")
@@ -24,17 +68,48 @@ class ModelError(ValueError):
 
 
 @dataclass(frozen=True)
+class DenseLayer:
+    """One sentence-transformers Dense module: activation(x @ W.T + b) (+ the residual)."""
+
+    path: str  # its folder, relative to the model's (config.json, model.safetensors)
+    in_features: int
+    out_features: int
+    bias: bool
+    activation: str  # one of DENSE_ACTIVATIONS
+    residual: bool = False  # 6.x use_residual: adds the input, projected when the sizes differ
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """What comes after the transformer in modules.json."""
+
+    pooling: str  # one of POOLING_MODES, or several joined by "+" (concatenated in that order)
+    dense: tuple[DenseLayer, ...]
+    normalize: bool
+    dim: int  # the output: pooled width, or the last Dense layer's out_features
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """Everything engines and the API need to know about one embedding model."""
 
     name: str  # what /info and the OpenAI `model` field report
     path: Path  # local folder holding config.json, tokenizer and safetensors weights
-    revision: str  # content hash of the weights: cache keys and calibration fingerprints
-    pooling: Pooling
+    revision: str  # content hash of the weights (Dense layers' too): cache keys and calibration fingerprints
+    pooling: str  # Pipeline.pooling
     max_seq_length: int  # tokens, special tokens included
     normalize: bool  # sentence-transformers' pipeline ends with Normalize
-    dim: int
+    dim: int  # what engines return: after pooling and the Dense layers
     trust_remote_code: bool = False
+    dense: tuple[DenseLayer, ...] = ()  # applied in order after pooling
+    matryoshka_dims: tuple[int, ...] = ()  # prefixes the model was trained to serve, largest first; () = none
+
+    def __post_init__(self) -> None:
+        # Worker processes receive the spec as JSON (RankPlan): lists and dicts come back, rebuilt here.
+        object.__setattr__(self, "path", Path(self.path))
+        dense = tuple(layer if isinstance(layer, DenseLayer) else DenseLayer(**layer) for layer in self.dense)
+        object.__setattr__(self, "dense", dense)
+        object.__setattr__(self, "matryoshka_dims", tuple(int(dim) for dim in self.matryoshka_dims))
 
 
 def bundled_model_path() -> Path:
@@ -64,8 +139,13 @@ def resolve_model_path(model: str | None, revision: str | None = None) -> tuple[
 
 
 def load_model_spec(
-    model: str | None = None, revision: str | None = None, trust_remote_code: bool = False
+    model: str | None = None,
+    revision: str | None = None,
+    trust_remote_code: bool = False,
+    *,
+    matryoshka_dims: Sequence[int] | None = None,
 ) -> ModelSpec:
+    """Read and check a model folder. `matryoshka_dims` (None: the model card's) overrides the model's."""
     name, path = resolve_model_path(model, revision)
     config_path = path / "config.json"
     if not config_path.is_file():
@@ -82,17 +162,22 @@ def load_model_spec(
             f"model {name} needs remote code (config.json auto_map); set "
             "WINDVE_TRUST_REMOTE_CODE=true only if you trust its source"
         )
-    dim = int(config.get("hidden_size", 0))
-    pooling, max_len, normalize = _sentence_transformers_config(path, config)
+    pipeline = read_pipeline(path, config)
+    if matryoshka_dims is None:
+        dims = _card_matryoshka_dims(path, pipeline.dim)
+    else:
+        dims = _checked_matryoshka_dims(matryoshka_dims, pipeline.dim, f"model {name}: matryoshka_dims")
     return ModelSpec(
         name=name,
         path=path,
-        revision=_weights_hash(weights),
-        pooling=pooling,
-        max_seq_length=max_len,
-        normalize=normalize,
-        dim=dim,
+        revision=_weights_hash(path, weights + [path / layer.path / "model.safetensors" for layer in pipeline.dense]),
+        pooling=pipeline.pooling,
+        max_seq_length=_max_seq_length(path, config),
+        normalize=pipeline.normalize,
+        dim=pipeline.dim,
         trust_remote_code=trust_remote_code,
+        dense=pipeline.dense,
+        matryoshka_dims=dims,
     )
 
 
@@ -108,40 +193,183 @@ def first_position(config: dict) -> int:
     return 0
 
 
-def _sentence_transformers_config(path: Path, config: dict) -> tuple[Pooling, int, bool]:
-    pooling: Pooling = "cls"
-    normalize = False
-    max_len = int(config.get("max_position_embeddings", 512)) - first_position(config)
+def read_pipeline(path: Path, config: dict | None = None) -> Pipeline:
+    """The pooling, Dense layers and Normalize of the model in `path` (its config.json: `config`)."""
+    path = Path(path)
+    config = config if config is not None else json.loads((path / "config.json").read_text())
+    hidden = int(config.get("hidden_size") or config.get("dim") or 0)
     modules_file = path / "modules.json"
-    modules = json.loads(modules_file.read_text()) if modules_file.is_file() else []
-    for module in modules:
-        kind = module.get("type", "")
-        if kind.endswith("Pooling"):
-            pooling_cfg = json.loads((path / module["path"] / "config.json").read_text())
-            if pooling_cfg.get("pooling_mode_mean_tokens"):
-                pooling = "mean"
-            elif pooling_cfg.get("pooling_mode_cls_token"):
-                pooling = "cls"
-            else:
-                raise ModelError(
-                    f"model {path}: only mean or CLS pooling is supported, not {pooling_cfg}"
-                )
-        elif kind.endswith("Normalize"):
+    if not modules_file.is_file():
+        return Pipeline(pooling="mean", dense=(), normalize=False, dim=hidden)
+    modules = json.loads(modules_file.read_text())
+    kinds = [_module_kind(path, module) for module in modules]
+    if not SUPPORTED_PIPELINE.fullmatch(" -> ".join(kinds)):
+        raise ModelError(
+            f"model {path}: modules {' -> '.join(kinds)} are not supported; {SUPPORTED_TEXT}"
+        )
+    pooling, dense, normalize, dim = "mean", [], False, hidden
+    for kind, module in zip(kinds, modules):
+        folder = _module_folder(path, module)
+        if kind == "Transformer":
+            _check_transformer(path, folder)
+        elif kind == "Pooling":
+            pooling, dim = _read_pooling(path, folder, hidden)
+        elif kind == "Dense":
+            dense.append(_read_dense(path, folder, dim))
+            dim = dense[-1].out_features
+        else:
+            _check_io_names(path, folder, "Normalize")
             normalize = True
-    if not modules:
-        pooling = "mean"  # what sentence-transformers assumes for a plain transformer
-    st_config = path / "sentence_bert_config.json"
-    if st_config.is_file():
-        max_len = min(max_len, int(json.loads(st_config.read_text()).get("max_seq_length", max_len)))
-    return pooling, max_len, normalize
+    return Pipeline(pooling=pooling, dense=tuple(dense), normalize=normalize, dim=dim)
 
 
-def _weights_hash(files: list[Path]) -> str:
+def _module_kind(path: Path, module: dict) -> str:
+    kind = str(module.get("type", ""))
+    short = kind.rsplit(".", 1)[-1]
+    # 3.x writes sentence_transformers.models.X, 6.x the defining module's path.
+    if not kind.startswith("sentence_transformers.") or short not in MODULE_KINDS:
+        raise ModelError(
+            f"model {path}: module {module.get('name')!r} of type {kind!r} is not supported; {SUPPORTED_TEXT}"
+        )
+    return short
+
+
+def _module_folder(path: Path, module: dict) -> Path:
+    folder = (path / str(module.get("path", ""))).resolve()
+    if not folder.is_relative_to(path.resolve()):
+        raise ModelError(f"model {path}: module path {module.get('path')!r} leaves the model folder")
+    return folder
+
+
+def _module_config(folder: Path, file: str = "config.json") -> dict:
+    config_file = folder / file
+    return json.loads(config_file.read_text()) if config_file.is_file() else {}
+
+
+def _check_transformer(path: Path, folder: Path) -> None:
+    if folder != path.resolve():
+        raise ModelError(f"model {path}: the Transformer must be saved in the model's root folder, not {folder}")
+    task = _module_config(folder, "sentence_bert_config.json").get("transformer_task", "feature-extraction")
+    if task != "feature-extraction":
+        raise ModelError(f"model {path}: Transformer task {task!r} is not supported (feature-extraction only)")
+
+
+def _read_pooling(path: Path, folder: Path, hidden: int) -> tuple[str, int]:
+    """(modes joined by "+", pooled width) from a 6.x or a 3.x-style Pooling config."""
+    config = _module_config(folder)
+    modes = config.get("pooling_mode")
+    if modes is None:
+        modes = [mode for key, mode in LEGACY_POOLING_KEYS.items() if config.get(key)] or ["mean"]
+    modes = [modes] if isinstance(modes, str) else list(modes)
+    unknown = [mode for mode in modes if mode not in POOLING_MODES]
+    if unknown or not modes:
+        raise ModelError(f"model {path}: pooling mode {unknown or modes} is not one of {', '.join(POOLING_MODES)}")
+    width = hidden or int(config.get("embedding_dimension") or config.get("word_embedding_dimension") or 0)
+    return "+".join(modes), len(modes) * width
+
+
+def _read_dense(path: Path, folder: Path, in_dim: int) -> DenseLayer:
+    name = folder.relative_to(path.resolve()).as_posix()
+    config = _module_config(folder)
+    _check_io_names(path, folder, "Dense")
+    if not {"in_features", "out_features"} <= config.keys():
+        raise ModelError(f"model {path}: Dense {name} config.json names no in_features/out_features")
+    layer = DenseLayer(
+        path=name,
+        in_features=int(config["in_features"]),
+        out_features=int(config["out_features"]),
+        bias=bool(config.get("bias", True)),
+        activation=_dense_activation(path, name, config.get("activation_function", "torch.nn.Tanh")),
+        residual=bool(config.get("use_residual", False)),
+    )
+    if layer.in_features != in_dim:
+        raise ModelError(f"model {path}: Dense {name} takes {layer.in_features} inputs, but receives {in_dim}")
+    _check_dense_weights(path, folder, layer)
+    return layer
+
+
+def _dense_activation(path: Path, name: str, configured: object) -> str:
+    # sentence-transformers records the class path, e.g. torch.nn.modules.activation.Tanh.
+    short = configured.rsplit(".", 1)[-1] if isinstance(configured, str) else None
+    if not isinstance(configured, str) or not configured.startswith("torch.nn.") or short not in DENSE_ACTIVATIONS:
+        raise ModelError(
+            f"model {path}: Dense {name} activation {configured!r} is not supported "
+            f"(torch.nn {', '.join(DENSE_ACTIVATIONS)})"
+        )
+    return short
+
+
+def _check_dense_weights(path: Path, folder: Path, layer: DenseLayer) -> None:
+    from safetensors import safe_open
+
+    weights = folder / "model.safetensors"
+    if not weights.is_file():
+        pickled = " (only pickled weights, refused: loading them can run arbitrary code)" if any(
+            folder.glob("*.bin")
+        ) else ""
+        raise ModelError(f"model {path}: Dense {layer.path} has no model.safetensors{pickled}")
+    expected = {"linear.weight": [layer.out_features, layer.in_features]}
+    if layer.bias:
+        expected["linear.bias"] = [layer.out_features]
+    if layer.residual and layer.in_features != layer.out_features:
+        expected["residual.weight"] = [layer.out_features, layer.in_features]
+    with safe_open(str(weights), framework="np") as handle:
+        found = {key: list(handle.get_slice(key).get_shape()) for key in handle.keys()}
+    if found != expected:
+        raise ModelError(f"model {path}: Dense {layer.path} weights are {found}, expected {expected}")
+
+
+def _check_io_names(path: Path, folder: Path, kind: str) -> None:
+    """Dense and Normalize must work on the pooled vector, not on token embeddings (multi-vector models)."""
+    config = _module_config(folder)
+    for key in ("module_input_name", "module_output_name"):
+        if config.get(key, SENTENCE_EMBEDDING) not in (SENTENCE_EMBEDDING, None):
+            raise ModelError(f"model {path}: {kind} {key}={config[key]!r} is not supported ({SENTENCE_EMBEDDING})")
+
+
+def _max_seq_length(path: Path, config: dict) -> int:
+    limit = int(config.get("max_position_embeddings", 512)) - first_position(config)
+    st_config = _module_config(path, "sentence_bert_config.json")
+    if "max_seq_length" in st_config:
+        return min(limit, int(st_config["max_seq_length"]))
+    tokenizer_limit = _module_config(path, "tokenizer_config.json").get("model_max_length")
+    if isinstance(tokenizer_limit, int | float) and 0 < tokenizer_limit < NO_TOKENIZER_LIMIT:
+        return min(limit, int(tokenizer_limit))
+    return limit
+
+
+def _checked_matryoshka_dims(dims: Sequence[int], dim: int, what: str) -> tuple[int, ...]:
+    bad = [value for value in dims if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= dim]
+    if bad:
+        raise ModelError(f"{what}: {bad} must be whole numbers between 1 and the output dimension {dim}")
+    return tuple(sorted(set(dims), reverse=True))
+
+
+def _card_matryoshka_dims(path: Path, dim: int) -> tuple[int, ...]:
+    """The dims of MatryoshkaLoss's parameters in the README sentence-transformers generated."""
+    card = path / "README.md"
+    if not card.is_file():
+        return ()
+    for block in re.findall(r"```json\s*\n(.*?)```", card.read_text(errors="replace"), flags=re.DOTALL):
+        try:
+            dims = json.loads(block).get("matryoshka_dims")
+        except (ValueError, AttributeError):
+            continue
+        if dims:
+            try:
+                return _checked_matryoshka_dims(dims, dim, f"model {path} card")
+            except ModelError as error:  # a card is documentation: a stale one must not stop the model
+                log.warning("ignoring the model card's matryoshka_dims: %s", error)
+                return ()
+    return ()
+
+
+def _weights_hash(root: Path, files: list[Path]) -> str:
     """Hash of the weight files' size and first/last MiB: cheap, and changes with the weights."""
     digest = hashlib.sha256()
     for file in files:
         size = file.stat().st_size
-        digest.update(f"{file.name}:{size}".encode())
+        digest.update(f"{file.relative_to(root).as_posix()}:{size}".encode())
         with file.open("rb") as handle:
             digest.update(handle.read(1 << 20))
             handle.seek(max(0, size - (1 << 20)))

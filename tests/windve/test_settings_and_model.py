@@ -86,7 +86,17 @@ def test_bundled_model_spec(model_spec):
     assert model_spec.name == "sentence-transformers/all-MiniLM-L6-v2"
     spec = model_spec
     assert (spec.pooling, spec.max_seq_length, spec.normalize, spec.dim) == ("mean", 256, True, 384)
+    assert (spec.dense, spec.matryoshka_dims) == ((), ())
     assert len(model_spec.revision) == 16
+
+
+def test_a_plain_transformer_folder_is_mean_pooled(model_spec, tmp_path):
+    """No modules.json: sentence-transformers wraps the transformer with mean pooling."""
+    folder = tmp_path / "plain"
+    shutil.copytree(model_spec.path, folder)
+    (folder / "modules.json").unlink()
+    spec = load_model_spec(str(folder))
+    assert (spec.pooling, spec.normalize, spec.dim, spec.dense) == ("mean", False, 384, ())
 
 
 def test_local_folder_model_and_cls_pooling(model_spec, tmp_path):

@@ -11,6 +11,10 @@ are added once, after the reduce. Every rank then holds the same activations.
 
 Weights are sliced straight out of the safetensors files, so a rank reads and allocates
 (first-touches, on its bound NUMA node) only its own shard.
+
+After the encoder every rank applies the model's sentence-transformers head (pooling, Dense
+layers: windve.engines.head, read from the folder's modules.json like the other engines);
+it is small and replicated, so the ranks need no further exchange.
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ import torch.nn.functional as F
 from safetensors import safe_open
 
 from windve.cpu.bert_shapes import BertShapes, check_tp_degree, read_bert_shapes
-from windve.engines.pooling import pool
+from windve.engines.head import SentenceHead
+from windve.model import read_pipeline
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 AllReduce = Callable[[torch.Tensor], torch.Tensor]
@@ -84,13 +89,18 @@ class ShardedBert:
         rank: int,
         world: int,
         all_reduce: AllReduce,
-        pooling: str = "mean",
+        pooling: str | None = None,
         dtype: str = "fp32",
     ) -> None:
+        """`pooling`: the caller's ModelSpec.pooling, checked against the folder's (None: not checked)."""
         self.shapes: BertShapes = read_bert_shapes(model_dir)
         check_tp_degree(self.shapes, world)
         self.rank, self.world = rank, world
-        self.pooling = pooling
+        pipeline = read_pipeline(Path(model_dir))
+        if pooling is not None and pooling != pipeline.pooling:
+            raise ValueError(f"pooling {pooling!r} differs from the model folder's {pipeline.pooling!r}")
+        self.head = SentenceHead(Path(model_dir), pipeline.pooling, pipeline.dense)
+        self.dim = pipeline.dim
         self.dtype = TORCH_DTYPES[dtype]
         self._all_reduce = all_reduce
         self._activation = _ACTIVATIONS[self.shapes.activation]
@@ -172,9 +182,6 @@ class ShardedBert:
         return x
 
     def embed(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
-        """The Engine contract: int64 [B, L] -> float32 [B, hidden] pooled, not normalized."""
-        ids = torch.from_numpy(input_ids)
+        """The Engine contract: int64 [B, L] -> float32 [B, dim] through the head, not normalized."""
         mask = torch.from_numpy(attention_mask)
-        with torch.inference_mode():
-            hidden = self.forward(ids, mask)
-            return pool(hidden, mask, self.pooling).numpy()
+        return self.head(self.forward(torch.from_numpy(input_ids), mask), mask).numpy()

@@ -9,13 +9,14 @@ import numpy as np
 
 
 class Engine(Protocol):
-    """Embeds one padded batch. Pooled, not normalized: the caller normalizes per request."""
+    """Embeds one padded batch: the model's sentence-transformers pipeline up to, not including,
+    Normalize (windve.engines.head). The caller normalizes per request."""
 
     dim: int
     device: str
 
     def embed(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
-        """int64 [B, L] ids and mask -> float32 [B, dim] pooled embeddings."""
+        """int64 [B, L] ids and mask -> float32 [B, dim] embeddings (dim: after the Dense layers)."""
         ...
 
 
@@ -29,11 +30,3 @@ def pad_batch(sequences: Sequence[np.ndarray], pad_id: int = 0) -> tuple[np.ndar
         attention_mask[row, : len(seq)] = 1
     return input_ids, attention_mask
 
-
-def mean_or_cls_pool_numpy(hidden: np.ndarray, attention_mask: np.ndarray, pooling: str) -> np.ndarray:
-    if pooling == "cls":
-        return np.ascontiguousarray(hidden[:, 0], dtype=np.float32)
-    mask = attention_mask[:, :, None].astype(hidden.dtype)
-    summed = (hidden * mask).sum(axis=1)
-    counts = np.clip(mask.sum(axis=1), 1e-9, None)
-    return (summed / counts).astype(np.float32)

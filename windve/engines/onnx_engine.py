@@ -2,6 +2,9 @@
 
 Export uses torch's TorchScript ("legacy") exporter with eager attention at opset 17:
 that graph is what onnxruntime's BERT fusion recognises (the dynamo exporter's is not).
+The graph ends at the encoder's last hidden state; pooling and the Dense layers run after it
+in windve.engines.head, the same code as the other engines (and the cached export does not
+depend on them).
 """
 
 from __future__ import annotations
@@ -12,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 
-from windve.engines.base import mean_or_cls_pool_numpy
 from windve.model import ModelSpec
 
 log = logging.getLogger(__name__)
@@ -122,6 +124,8 @@ class OnnxEngine:
     ) -> None:
         import onnxruntime as ort
 
+        from windve.engines.head import SentenceHead
+
         if dtype == "bf16":
             raise OnnxEngineError("onnx engine supports fp32 and fp16, not bf16; use the torch engine")
         self.spec = spec
@@ -140,9 +144,10 @@ class OnnxEngine:
             str(path), options, providers=execution_providers(device, ort.get_available_providers())
         )
         self.model_file = path
+        self._head = SentenceHead.from_spec(spec)
 
     def embed(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         (hidden,) = self._session.run(
             None, {"input_ids": input_ids, "attention_mask": attention_mask}
         )
-        return mean_or_cls_pool_numpy(hidden, attention_mask, self.spec.pooling)
+        return self._head.apply_numpy(hidden, attention_mask)

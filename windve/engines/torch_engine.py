@@ -1,11 +1,14 @@
-"""Device-agnostic torch engine: the same code on cpu, cuda:N and npu:N."""
+"""Device-agnostic torch engine: the same code on cpu, cuda:N and npu:N.
+
+The encoder comes from transformers; pooling and the Dense layers are windve.engines.head's.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from windve.engines.pooling import pool
+from windve.engines.head import SentenceHead
 from windve.model import ModelSpec
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -44,10 +47,11 @@ class TorchEngine:
         self.dim = spec.dim
         self._device = prepare_device(device)
         self._model = load_encoder(spec, dtype).to(self._device)
+        self._head = SentenceHead.from_spec(spec, self._device)
 
     @torch.inference_mode()
     def embed(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         ids = torch.from_numpy(input_ids).to(self._device, non_blocking=True)
         mask = torch.from_numpy(attention_mask).to(self._device, non_blocking=True)
         hidden = self._model(input_ids=ids, attention_mask=mask).last_hidden_state
-        return pool(hidden, mask, self.spec.pooling).cpu().numpy()
+        return self._head(hidden, mask).cpu().numpy()
