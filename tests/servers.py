@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import yaml
 
 START_TIMEOUT = 180.0
 
@@ -73,3 +74,17 @@ def wait_healthy(server, timeout: float = START_TIMEOUT) -> None:
     server.process.kill()
     server.process.wait()
     raise TimeoutError(f"server not healthy after {timeout}s:\n{describe()}")
+
+
+def long_text(i: int) -> str:
+    """A distinct text of about 250 tokens: long enough that batches take measurable time."""
+    return f"Request number {i} asks about " + " ".join(
+        f"topic{i}-{j} of the retrieval pipeline and its embedding service" for j in range(24)
+    )
+
+
+def write_plan_config(folder: Path, plan: list[dict], **settings) -> str:
+    """A config file with an explicit instance plan (any pool on any core set) and settings."""
+    path = folder / "windve.yaml"
+    path.write_text(yaml.safe_dump({"cpu_layout": "explicit", "plan": plan, **settings}))
+    return str(path)

@@ -1,11 +1,14 @@
-"""The running service: model, tokenizer, device plan, instances and the queue manager.
+"""The dispatcher's runtime: model, device plan, engine processes and the queue manager.
 
-`Runtime` is what both `windve serve` (behind HTTP) and `windve calibrate` (in-process
-profiling) stand on, so calibration measures exactly the path that serves.
+`Runtime` is what the dispatcher (in the `windve serve` parent, or inside the only front
+end) and `windve calibrate --in-process` stand on. Every instance runs in its own engine
+process; a watchdog kills one that misses its heartbeat, and the queue manager fails its
+work over and restarts it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
@@ -21,13 +24,15 @@ from estimator.calibration import from_dict as calibration_from_dict
 from queue_manager.manager import QueueManager
 from queue_manager.protocol import Instance
 from windve.depths import PROBE_TOKENS, DepthSource, depth_from_calibration, probe_depth
-from windve.engines import create_engine, resolve_dtype
-from windve.instances import EngineInstance
+from windve.engines import resolve_dtype
 from windve.model import ModelSpec, load_model_spec
 from windve.settings import Settings
 from windve.tokenizer import TextTokenizer
 
 log = logging.getLogger(__name__)
+
+WATCHDOG_SECONDS = 0.5  # how often the heartbeats of idle engine processes are read
+
 
 class Runtime:
     def __init__(
@@ -53,13 +58,15 @@ class Runtime:
         self.watcher = None  # windve.calibration_store.CalibrationWatcher when Redis is set
         self.started_at = time.time()
         self.ready = False
+        self._watchdog: asyncio.Task | None = None
+        self._usage = None  # windve.engine_process.usage.EngineUsageCollector once started
 
     # ---- construction ----------------------------------------------------------------
 
     @classmethod
     async def start(cls, settings: Settings) -> "Runtime":
         """Load the model, plan the devices, start every instance, set the queue depths."""
-        spec = load_model_spec(settings.model, settings.revision, settings.trust_remote_code)
+        spec = load_spec(settings)
         tokenizer = TextTokenizer(spec, settings.max_input_tokens)
         hardware = devices.detect_hardware(settings.sysfs_root)
         plan = make_plan(settings, hardware)
@@ -82,6 +89,11 @@ class Runtime:
             heterogeneous=self.plan.heterogeneous,
             max_batch_size=settings.max_batch_size,
             max_batch_tokens=settings.max_batch_tokens,
+            batch_limits={name: batch_limits(settings, name) for name in self.instances},
+            depth_control=settings.depth_control,
+            depth_cap=settings.depth_cap,
+            slo=settings.slo_seconds,
+            bulk_share=settings.bulk_share,
         )
         self.queue_manager = qm
         try:
@@ -91,7 +103,32 @@ class Runtime:
         except BaseException:
             await self.close()
             raise
+        self._watchdog = asyncio.create_task(self._watch_heartbeats(), name="engine-watchdog")
+        from prometheus_client import REGISTRY
+
+        from windve.engine_process.usage import EngineUsageCollector
+
+        self._usage = EngineUsageCollector(self._engine_processes)
+        REGISTRY.register(self._usage)
         self.ready = True
+
+    def _engine_processes(self) -> list[tuple[str, int, int]]:
+        return [
+            (instance.name, rank, pid)
+            for members in self.instances.values()
+            for instance in members
+            for rank, pid in getattr(instance, "processes", list)()
+        ]
+
+    async def _watch_heartbeats(self) -> None:
+        """Kill idle engine processes that stopped beating; busy ones are watched by their own wait."""
+        while True:
+            await asyncio.sleep(WATCHDOG_SECONDS)  # a watch period, not a wait for a condition
+            for members in self.instances.values():
+                for instance in members:
+                    check = getattr(instance, "check_heartbeats", None)
+                    if check is not None and not check():
+                        self.queue_manager.instance_down(instance)
 
     async def _follow_shared_calibration(self) -> None:
         """With Redis, take the newest calibration for this model and hardware, now and later."""
@@ -172,6 +209,13 @@ class Runtime:
 
     async def close(self) -> None:
         self.ready = False
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        if self._usage is not None:
+            from prometheus_client import REGISTRY
+
+            REGISTRY.unregister(self._usage)
+            self._usage = None
         if self.watcher is not None:
             await self.watcher.stop()
         if self.queue_manager is not None:
@@ -210,7 +254,7 @@ class Runtime:
 
 def check_plan(settings: Settings) -> devices.Plan:
     """Fail fast, before the server starts, on a missing model or an impossible plan."""
-    load_model_spec(settings.model, settings.revision, settings.trust_remote_code)
+    load_spec(settings)
     return make_plan(settings, devices.detect_hardware(settings.sysfs_root))
 
 
@@ -227,35 +271,46 @@ def make_plan(settings: Settings, hardware: devices.Hardware) -> devices.Plan:
     )
 
 
+def batch_limits(settings: Settings, pool: str) -> tuple[int, int]:
+    """(queries, padded tokens) per batch: a token budget on accelerators, both limits on CPUs."""
+    if pool == "accelerator":
+        return settings.accelerator_max_batch_size, settings.accelerator_max_batch_tokens
+    return settings.max_batch_size, settings.max_batch_tokens
+
+
+def load_spec(settings: Settings) -> ModelSpec:
+    return load_model_spec(
+        settings.model, settings.revision, settings.trust_remote_code, matryoshka_dims=settings.matryoshka_dims
+    )
+
+
 def build_instance(
     settings: Settings, spec: ModelSpec, hardware: devices.Hardware, inst: devices.InstanceSpec
 ) -> Instance:
-    engine = inst.engine or settings.engine
-    # Accelerator-pool instances run in the service process, fed by one thread, even when an
-    # explicit plan puts a CPU engine there: that is the accelerator path, run on this CPU.
-    if inst.device == "cpu" and inst.pool == "cpu" and settings.cpu_worker_processes:
-        from windve.engine_process.instance import CpuWorkerInstance
+    """An engine process for any device: a CPU instance gets one TP rank per NUMA node it
+    spans; an accelerator instance one process pinned to its feeding core(s)."""
+    from windve.engine_process.instance import CpuWorkerInstance
 
-        by_node = hardware.topology.cores_by_node(inst.cores)
-        return CpuWorkerInstance(
-            spec,
-            name=inst.name,
-            rank_cores=[list(cores) for cores in by_node.values()],
-            numa_nodes=list(by_node),
-            engine=engine,
-            dtype=resolve_dtype(settings.dtype, "cpu"),
-            max_batch_tokens=settings.max_batch_tokens,
-            onnx_cache_dir=settings.onnx_cache_dir,
-        )
-
-    def make_engine():
-        if inst.device == "cpu" and inst.threads:
-            import torch
-
-            torch.set_num_threads(inst.threads)
-        return create_engine(spec, engine, inst.device, settings.dtype, settings.onnx_cache_dir)
-
-    return EngineInstance(inst.name, make_engine, cores=inst.cores)
+    topology = hardware.topology
+    if inst.device == "cpu":
+        by_node = topology.cores_by_node(inst.cores or topology.usable)
+        rank_cores, nodes = [list(cores) for cores in by_node.values()], list(by_node)
+    else:
+        rank_cores = [list(inst.cores)]
+        nodes = [topology.node_of(inst.cores[0]) if inst.cores else 0]
+    accelerator_pool = inst.pool == "accelerator"
+    return CpuWorkerInstance(
+        spec,
+        name=inst.name,
+        rank_cores=rank_cores,
+        numa_nodes=nodes,
+        engine=inst.engine or settings.engine,
+        dtype=resolve_dtype(settings.dtype, inst.device),
+        max_batch_tokens=settings.accelerator_max_batch_tokens if accelerator_pool else settings.max_batch_tokens,
+        onnx_cache_dir=settings.onnx_cache_dir,
+        device=inst.device,
+        heartbeat_timeout=settings.heartbeat_timeout_seconds,
+    )
 
 
 def hardware_fingerprint(hardware: devices.Hardware, plan: devices.Plan) -> str:

@@ -83,7 +83,6 @@ class Settings(BaseSettings):
     sysfs_root: Path = Path("/sys")
     reserved_cores: list[int] | None = None  # None = the detector's rule
     cpu_layout: Literal["per-node", "tp", "explicit"] = "per-node"
-    cpu_worker_processes: bool = True
     plan: list[InstanceConfig] | None = None  # explicit plan, normally from the config file
 
     # State

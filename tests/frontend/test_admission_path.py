@@ -16,6 +16,7 @@ from starlette.requests import Request as HttpRequest
 from queue_manager.manager import QueueManager
 from queue_manager.protocol import Busy
 from tests.collector import cycles_left
+from windve.dispatcher.client import LocalDispatcher
 from windve.frontend.pipeline import EmbeddingPipeline
 from windve.model import ModelSpec
 from windve.settings import Settings
@@ -58,8 +59,9 @@ def tokenizer(model_spec: ModelSpec) -> TextTokenizer:
 
 def _pipeline_over(qm: QueueManager, tokenizer: TextTokenizer, spec: ModelSpec) -> EmbeddingPipeline:
     """The HTTP path's pipeline on a ready runtime made of `qm` and the real tokenizer."""
-    runtime = SimpleNamespace(settings=Settings(), ready=True, tokenizer=tokenizer, queue_manager=qm, spec=spec)
-    return EmbeddingPipeline(runtime)
+    dispatcher = LocalDispatcher(SimpleNamespace(ready=True, queue_manager=qm))
+    front_end = SimpleNamespace(settings=Settings(), tokenizer=tokenizer, spec=spec, dispatcher=dispatcher)
+    return EmbeddingPipeline(front_end)
 
 
 def _embed(pipeline: EmbeddingPipeline, text: str) -> asyncio.Task:

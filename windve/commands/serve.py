@@ -1,4 +1,10 @@
-"""`windve serve`: start the HTTP service on the detected (or configured) devices."""
+"""`windve serve`: start the HTTP service on the detected (or configured) devices.
+
+One front end (the default on machines without an accelerator): the front end, the
+dispatcher and the engine processes' owner share one process. Several (`http_workers`,
+by default one per reserved service core but one, with an accelerator): this process is
+the dispatcher and starts the front-end processes (windve.dispatcher.supervisor).
+"""
 
 from __future__ import annotations
 
@@ -13,6 +19,7 @@ from windve.commands.settings_flags import add_settings_flags, settings_from_arg
 log = logging.getLogger("windve.serve")
 
 DRAIN_SECONDS = 30  # how long SIGTERM waits for admitted requests before closing
+MAX_AUTO_WORKERS = 8
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -24,24 +31,53 @@ class DrainingServer(uvicorn.Server):
     """On SIGTERM/SIGINT, stop admitting (BUSY) at once; uvicorn then lets admitted requests finish."""
 
     def handle_exit(self, sig, frame) -> None:  # noqa: ANN001 - signal handler signature
-        runtime = self.config.app.state.runtime
+        front_end = self.config.app.state.runtime
+        runtime = getattr(getattr(front_end, "dispatcher", None), "runtime", None)
         if runtime is not None and runtime.queue_manager is not None:
             runtime.queue_manager.draining = True
         super().handle_exit(sig, frame)
+
+
+def front_end_processes(settings, plan) -> tuple[int, tuple[int, ...]]:
+    """How many front-end processes, and the service cores they (and the dispatcher) share.
+
+    The service cores are the reserved ones less the accelerators' feeding cores. Without an
+    accelerator one process is fastest (tokenizing costs a few percent of inferring on a
+    CPU); with one, the host path is the bottleneck: one front end per service core but one
+    (the dispatcher's)."""
+    feeding = {core for pool in plan.pools for inst in pool.instances if inst.device != "cpu" for core in inst.cores}
+    service = tuple(core for core in plan.reserved_cores if core not in feeding) or tuple(plan.reserved_cores)
+    if settings.http_workers is not None:
+        return settings.http_workers, service
+    has_accelerator = any(inst.device != "cpu" for pool in plan.pools for inst in pool.instances)
+    if not has_accelerator:
+        return 1, service
+    return max(1, min(MAX_AUTO_WORKERS, len(service) - 1)), service
 
 
 def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args, "windve serve")
     logging.getLogger().setLevel(settings.log_level.upper())
     from devices import DeviceError
-    from windve.frontend.app import create_app
     from windve.service import check_plan
 
     try:
-        check_plan(settings)
+        plan = check_plan(settings)
     except (ValueError, DeviceError) as error:  # PlanError, ModelError are ValueErrors
         print(f"windve serve: {error}", file=sys.stderr)
         return 2
+    workers, cores = front_end_processes(settings, plan)
+    if workers > 1:
+        from windve.dispatcher.supervisor import Supervisor
+
+        return Supervisor(settings, workers, cores, DRAIN_SECONDS).run()
+    return _serve_in_one_process(settings)
+
+
+def _serve_in_one_process(settings) -> int:
+    from windve.frontend.app import create_app
+    from windve.frontend.process import uvicorn_config
+
     fatal: list[str] = []
     server: DrainingServer | None = None
 
@@ -51,15 +87,7 @@ def run(args: argparse.Namespace) -> int:
             server.should_exit = True
 
     app = create_app(settings, on_fatal=on_fatal)
-    config = uvicorn.Config(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-        access_log=settings.log_level == "debug",
-        timeout_graceful_shutdown=DRAIN_SECONDS,
-    )
-    server = DrainingServer(config)
+    server = DrainingServer(uvicorn_config(app, settings, DRAIN_SECONDS, host=settings.host, port=settings.port))
     server.run()
     if fatal:
         print(f"windve serve: could not start: {fatal[0]}", file=sys.stderr)

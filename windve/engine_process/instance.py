@@ -1,5 +1,5 @@
-"""A CPU instance = pinned worker processes (one per TP rank), seen by the queue manager
-as one `Instance`.
+"""An instance = pinned engine processes (one per TP rank; accelerators have one), seen by
+the queue manager as one `Instance`.
 
 The parent owns everything that must be cleaned up: the processes, their sockets and the
 shared-memory segment (unlinked as soon as every rank mapped it). Blocking IPC runs on
@@ -7,7 +7,8 @@ the instance's own thread, never on the event loop. Every wait for a worker watc
 rank (socket EOF, pidfd) and has a deadline, so a dead or stuck rank fails the batch with
 InstanceFailed instead of hanging it (a rank stuck inside an all-reduce is reported by its
 peers' reduce timeout); the instance then stays failed, its processes killed, until
-restart().
+restart(). Each rank also stamps a heartbeat board: a rank silent for `heartbeat_timeout`
+seconds (SIGSTOPped, deadlocked) is killed like a dead one, whether or not it is busy.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from windve.cpu.bert_shapes import check_tp_degree, read_bert_shapes
 from windve.cpu.layout import GroupLayout
 from windve.cpu.shm import Segment
 from windve.engine_process import wire
+from windve.engine_process.heartbeat import HeartbeatBoard
 from windve.engine_process.launch import RankProcess
 from windve.engine_process.worker import RankPlan
 from windve.engines.factory import resolve_dtype
@@ -38,10 +40,11 @@ WARMUP = np.arange(1, 9, dtype=np.int32)  # valid ids for any vocabulary
 REDUCE_SLOT_FLOATS = 1 << 21  # 8 MiB per slot; a batch-32 x 75-token MiniLM layer needs 0.9 M
 DEFAULT_BATCH_TOKENS = 16384
 STOP_GRACE_SECONDS = 5.0
+WATCH_SECONDS = 0.25  # how often a wait for an answer looks at the heartbeats
 
 
 class CpuWorkerInstance:
-    """Embeds batches in pinned worker processes; G = len(rank_cores) tensor-parallel ranks."""
+    """Embeds batches in pinned engine processes on `device`; G = len(rank_cores) TP ranks (CPU only)."""
 
     def __init__(
         self,
@@ -57,10 +60,14 @@ class CpuWorkerInstance:
         start_timeout: float = 120,
         reduce_timeout: float = 10.0,
         batch_timeout: float = 300.0,
+        device: str = "cpu",
+        heartbeat_timeout: float = 5.0,
     ) -> None:
         world = len(rank_cores)
-        if world < 1 or any(not cores for cores in rank_cores):
+        if world < 1 or (device == "cpu" and any(not cores for cores in rank_cores)):
             raise ValueError(f"instance {name}: every rank needs at least one core, got {rank_cores}")
+        if world > 1 and device != "cpu":
+            raise ValueError(f"instance {name}: tensor parallelism runs on CPUs only, not on {device}")
         if len(numa_nodes) != world:
             raise ValueError(f"instance {name}: {world} ranks but {len(numa_nodes)} NUMA nodes {numa_nodes}")
         if engine not in ("torch", "onnx"):
@@ -77,12 +84,15 @@ class CpuWorkerInstance:
         self.numa_nodes = list(numa_nodes)
         self.engine = engine
         # onnx has no bf16: "auto" must not pick it for that engine.
-        self.dtype = "fp32" if engine == "onnx" and dtype == "auto" else resolve_dtype(dtype, "cpu")
+        self.device = device
+        self.dtype = "fp32" if engine == "onnx" and dtype == "auto" else resolve_dtype(dtype, device)
         self.dim = spec.dim
         self.onnx_cache_dir = str(onnx_cache_dir) if onnx_cache_dir else None
         self.start_timeout = start_timeout
         self.reduce_timeout = reduce_timeout
         self.batch_timeout = batch_timeout
+        self.heartbeat_timeout = heartbeat_timeout
+        self._boards: list[HeartbeatBoard] = []
         self._layout: GroupLayout | None = None
         if world > 1:
             shapes = read_bert_shapes(spec.path)
@@ -135,8 +145,9 @@ class CpuWorkerInstance:
         else:
             membind = "; ".join(f"rank {i}: {status}" for i, status in enumerate(statuses)) or "unknown"
         return {
-            "kind": "cpu-worker",
+            "kind": "engine-process",
             "name": self.name,
+            "device": self.device,
             "engine": self.engine,
             "dtype": self.dtype,
             "tp": self.world,
@@ -173,6 +184,7 @@ class CpuWorkerInstance:
         try:
             if self._layout is not None:
                 self._segment = create_group_segment(self._layout)
+            self._boards = [HeartbeatBoard() for _ in self.rank_cores]
             for rank, cores in enumerate(self.rank_cores):
                 self._processes.append(RankProcess(self._plan(rank, cores)))
             self._ranks = self._await_ready(time.monotonic() + self.start_timeout)
@@ -199,6 +211,8 @@ class CpuWorkerInstance:
             segment_path=str(self._segment.path) if self._segment else None,
             layout=self._layout,
             reduce_timeout=self.reduce_timeout,
+            device=self.device,
+            heartbeat_fd=self._boards[rank].fd,
         )
 
     def _await_ready(self, deadline: float) -> list[dict]:
@@ -259,14 +273,17 @@ class CpuWorkerInstance:
                     raise InstanceFailed(f"instance {self.name}: {error['message']}")
 
     def _next_message(self, deadline: float, doing: str, limit: float) -> tuple[int, bytes]:
-        """The next message from any rank; InstanceFailed when a rank dies or time runs out."""
+        """The next message from any rank; InstanceFailed when a rank dies, misses its
+        heartbeat (once running) or time runs out."""
         owner = {handle: process for process in self._processes for handle in process.handles()}
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise self._fail(f"no answer within {limit:g} s while {doing}")
+            if doing != "starting":
+                self._check_heartbeats(doing)
             try:
-                ready = wait(list(owner), remaining)
+                ready = wait(list(owner), min(remaining, WATCH_SECONDS))
             except (OSError, ValueError) as error:  # pipes closed under us by close()
                 raise self._fail(f"closed while {doing}: {error}") from None
             # Messages first: a rank's last words explain its exit better than its exit code.
@@ -280,6 +297,36 @@ class CpuWorkerInstance:
                 raise self._fail(
                     f"rank {process.rank} (pid {process.pid}) {process.describe_exit()} while {doing}"
                 )
+
+    def silent_for(self) -> float:
+        """Seconds since the quietest rank last beat (0 when not running)."""
+        boards = self._boards
+        if self._failure is not None or not boards:
+            return 0.0
+        try:
+            return max(board.age() for board in boards)
+        except ValueError:  # closed by a stop on the instance's thread meanwhile
+            return 0.0
+
+    def check_heartbeats(self) -> bool:
+        """Kill a running group whose rank missed its heartbeat; True while it is alive.
+
+        Called by the dispatcher's watchdog, so that an idle stuck process is noticed too; the
+        next batch then fails over at once and the queue manager restarts the instance."""
+        try:
+            self._check_heartbeats("idle")
+        except InstanceFailed:
+            return False
+        return self._failure is None
+
+    def _check_heartbeats(self, doing: str) -> None:
+        silent = self.silent_for()
+        if silent > self.heartbeat_timeout:
+            raise self._fail(f"no heartbeat for {silent:.1f} s while {doing} (stopped or stuck)")
+
+    def processes(self) -> list[tuple[int, int]]:
+        """(rank, pid) of every running engine process, for per-process metrics."""
+        return [(process.rank, process.pid) for process in self._processes]
 
     def _fail(self, reason: str) -> InstanceFailed:
         """The group cannot go on: remember why, free its cores at once, build the error."""
@@ -326,3 +373,6 @@ class CpuWorkerInstance:
         if segment is not None:
             segment.unlink()
             segment.close()
+        boards, self._boards = self._boards, []
+        for board in boards:
+            board.close()

@@ -23,11 +23,13 @@ class RankProcess:
     def __init__(self, plan: RankPlan) -> None:
         parent_sock, child_sock = socket.socketpair()
         env = dict(os.environ)
-        env.update({variable: str(len(plan.cores)) for variable in THREAD_VARIABLES})
+        if plan.cores:
+            env.update({variable: str(len(plan.cores)) for variable in THREAD_VARIABLES})
+        inherited = (child_sock.fileno(),) + (() if plan.heartbeat_fd is None else (plan.heartbeat_fd,))
         try:
             self.popen = subprocess.Popen(
                 [sys.executable, "-m", "windve.engine_process.worker", str(child_sock.fileno())],
-                pass_fds=(child_sock.fileno(),),
+                pass_fds=inherited,
                 env=env,
             )
         finally:

@@ -1,4 +1,9 @@
-"""The main function of a pinned CPU worker process (one per TP rank).
+"""The main function of an engine process: one per instance (one per TP rank on CPUs).
+
+Every instance runs in its own process, accelerator instances included: the process is
+pinned to the instance's cores (an accelerator's: its feeding cores), so nothing on the
+HTTP side can hold the interpreter lock that feeds the device. A heartbeat thread stamps
+a shared board so that the dispatcher notices a stopped or stuck process.
 
 Started as `python -m windve.engine_process.worker <fd>`: a fresh interpreter, like multiprocessing's
 spawn, but without spawn's re-import of the parent's __main__ (the service's console
@@ -55,6 +60,8 @@ class RankPlan:
     segment_path: str | None = None
     layout: GroupLayout | None = None
     reduce_timeout: float = 10.0
+    device: str = "cpu"  # cpu | cuda:N | npu:N
+    heartbeat_fd: int | None = None  # inherited memfd (windve.engine_process.heartbeat)
 
     def to_json(self) -> bytes:
         fields = dataclasses.asdict(self)
@@ -76,21 +83,27 @@ class RankPlan:
 
 
 def pin_process(cores: tuple[int, ...]) -> None:
-    os.sched_setaffinity(0, cores)
+    if cores:  # an explicit accelerator instance may name none: it keeps the parent's mask
+        os.sched_setaffinity(0, cores)
+    threads = len(os.sched_getaffinity(0))
     for variable in THREAD_VARIABLES:
-        os.environ[variable] = str(len(cores))
+        os.environ[variable] = str(threads)
 
 
 def rank_main(plan: RankPlan, conn: Connection) -> None:
     imported_early = sorted(name for name in ("numpy", "torch") if name in sys.modules)
     pin_process(plan.cores)
     membind = bind_memory(plan.numa_node)
+    if plan.heartbeat_fd is not None:
+        from windve.engine_process.heartbeat import start_beating
+
+        start_beating(plan.heartbeat_fd)
     from windve.engine_process import wire
 
     try:
         import torch
 
-        torch.set_num_threads(len(plan.cores))
+        torch.set_num_threads(len(os.sched_getaffinity(0)))
         torch.set_num_interop_threads(1)
         server = EngineServer(plan, conn) if plan.world == 1 else RankServer(plan, conn)
     except BaseException as error:  # report why, then die: the parent raises it from start()
@@ -103,6 +116,7 @@ def rank_main(plan: RankPlan, conn: Connection) -> None:
         "affinity": sorted(os.sched_getaffinity(0)),
         "torch_threads": torch.get_num_threads(),
         "numa_node": plan.numa_node,
+        "device": plan.device,
         "membind": membind,
         "imported_before_pinning": imported_early,
         "dim": server.dim,
@@ -137,7 +151,8 @@ class EngineServer:
         self.pad_id = _pad_id(plan.spec.path)
         cache = Path(plan.onnx_cache_dir) if plan.onnx_cache_dir else None
         # torch's intra-op pool was sized by rank_main; onnxruntime sizes its own.
-        self.engine = create_engine(plan.spec, plan.engine, "cpu", plan.dtype, cache, threads=len(plan.cores))
+        threads = len(os.sched_getaffinity(0))
+        self.engine = create_engine(plan.spec, plan.engine, plan.device, plan.dtype, cache, threads=threads)
         self.dim = self.engine.dim
 
     def serve(self) -> None:
@@ -193,7 +208,7 @@ class RankServer:
             plan.spec.pooling,
             plan.dtype,
         )
-        self.dim = self.model.shapes.hidden
+        self.dim = self.model.dim
 
     def serve(self) -> None:
         try:

@@ -1,19 +1,26 @@
-"""The request path both APIs share: validate -> cache -> room check -> tokenize -> submit -> normalize."""
+"""The request path both APIs share: validate -> cache -> room check -> tokenize -> dispatch -> normalize.
+
+Tokenizing a large request runs off the event loop, so /health and small requests never wait
+behind it; a small one is tokenized in place (a thread hop would cost more than the work).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 
 import numpy as np
 from starlette.requests import Request
 
-from queue_manager.protocol import Busy, QueryFailed, ShuttingDown
+from queue_manager.protocol import Busy, QueryFailed, ShuttingDown, Unavailable
 from windve.cache import EmbeddingCache, cache_keys
 from windve.frontend import metrics
+from windve.frontend.context import FrontEnd
 from windve.frontend.errors import BACKEND, OVERLOADED, TOO_LARGE, UNHEALTHY, VALIDATION, ApiError
-from windve.service import Runtime
 from windve.tokenizer import InputTooLong
+
+INLINE_TOKENIZE_CHARS = 16_384  # below this many characters a request is tokenized on the loop
 
 
 class ClientGone(Exception):
@@ -21,9 +28,10 @@ class ClientGone(Exception):
 
 
 class EmbeddingPipeline:
-    def __init__(self, runtime: Runtime, cache: EmbeddingCache | None = None) -> None:
+    def __init__(self, runtime: FrontEnd, cache: EmbeddingCache | None = None) -> None:
         self.runtime = runtime
         self.settings = runtime.settings
+        self.dispatcher = runtime.dispatcher
         self.cache = cache
 
     def check_inputs(self, texts: Sequence[str], field: str) -> None:
@@ -45,26 +53,22 @@ class EmbeddingPipeline:
         self, texts: Sequence[str], normalize: bool, truncate: bool | None, request: Request, field: str
     ) -> tuple[np.ndarray, int]:
         """Embeddings [len(texts), dim] and the number of tokens embedded."""
+        arrived = time.perf_counter()
         self.check_inputs(texts, field)
-        runtime = self.runtime
-        if not runtime.ready:
-            raise ApiError(503, "the model is still loading; retry shortly", UNHEALTHY, retry_after=1)
         truncate = self.settings.truncate if truncate is None else truncate
         keys = self._cache_keys(texts, normalize, truncate)
         vectors, missing = await self._cached(keys, len(texts))
         if missing:
             # Full queues refuse before the tokenizer runs, as TEI takes its permit first.
             try:
-                runtime.queue_manager.check_room(len(missing))
-            except Busy as exc:
+                self.dispatcher.check_room(len(missing))
+            except (Busy, Unavailable) as exc:
                 raise refusal(exc) from None
-        try:
-            sequences = runtime.tokenizer.encode(texts, truncate)  # all of them: usage counts every token
-        except InputTooLong as exc:
-            raise ApiError(422, f"{field}[{exc.index}]: {exc}", VALIDATION, param=field) from None
+        sequences = await self._tokenize(texts, truncate, field)  # all of them: usage counts every token
         tokens = sum(len(seq) for seq in sequences)
+        metrics.REQUEST_TOKENS.observe(tokens)
         if missing:
-            fresh = await self._submit([sequences[i] for i in missing], request)
+            fresh = await self._submit([sequences[i] for i in missing], request, time.perf_counter() - arrived)
             if normalize:
                 fresh = normalized(fresh)
             if vectors is None:
@@ -76,6 +80,19 @@ class EmbeddingPipeline:
         metrics.TOKENS.inc(tokens)
         metrics.INPUTS.inc(len(texts))
         return vectors, tokens
+
+    async def _tokenize(self, texts: Sequence[str], truncate: bool, field: str) -> list[np.ndarray]:
+        started = time.perf_counter()
+        encode = self.runtime.tokenizer.encode
+        try:
+            if sum(len(text) for text in texts) <= INLINE_TOKENIZE_CHARS:
+                sequences = encode(texts, truncate)
+            else:
+                sequences = await asyncio.to_thread(encode, texts, truncate)
+        except InputTooLong as exc:
+            raise ApiError(422, f"{field}[{exc.index}]: {exc}", VALIDATION, param=field) from None
+        metrics.TOKENIZATION_TIME.observe(time.perf_counter() - started)
+        return sequences
 
     def _cache_keys(self, texts: Sequence[str], normalize: bool, truncate: bool) -> list[bytes] | None:
         if self.cache is None:
@@ -100,31 +117,36 @@ class EmbeddingPipeline:
                 vectors[i] = vector
         return vectors, missing
 
-    async def _submit(self, sequences: list[np.ndarray], request: Request) -> np.ndarray:
-        qm = self.runtime.queue_manager
-        # Admitted in this same step of the event loop as the room check: a request refused
-        # here costs no task, and no other request can take the room in between.
+    async def _submit(self, sequences: list[np.ndarray], request: Request, waited: float) -> np.ndarray:
+        """Dispatch the sequences; the client leaving cancels them (their slots free at once).
+
+        Submitted in this same step of the event loop as the room check: in-process, a request
+        refused here costs no task, and no other request can take the room in between."""
         try:
-            admitted = qm.admit(sequences)
-        except Busy as exc:
+            ticket = self.dispatcher.submit(sequences, waited)
+        except (Busy, Unavailable) as exc:
             raise refusal(exc) from None
         watch = asyncio.ensure_future(_until_disconnect(request))
         try:
-            await asyncio.wait((admitted.future, watch), return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait((ticket.future, watch), return_when=asyncio.FIRST_COMPLETED)
         finally:
             watch.cancel()
-            if not admitted.future.done():  # the client left, or this handler was cancelled
-                qm.cancel(admitted)
-        if not admitted.future.done():
+            if not ticket.future.done():  # the client left, or this handler was cancelled
+                ticket.cancel()
+        if not ticket.future.done():
             raise ClientGone()
         try:
-            return admitted.future.result()
+            return ticket.result()
+        except (Busy, Unavailable) as exc:
+            raise refusal(exc) from None
         except QueryFailed as exc:
             raise ApiError(503, f"inference failed: {exc}", BACKEND, retry_after=1) from None
 
 
-def refusal(exc: Busy) -> ApiError:
-    """The 429 for a request the queues refused (ShuttingDown is a Busy too)."""
+def refusal(exc: Busy | Unavailable) -> ApiError:
+    """429 for a request the queues refused (ShuttingDown is a Busy too); 503 when no engine can serve."""
+    if isinstance(exc, Unavailable):
+        return ApiError(503, str(exc), UNHEALTHY, retry_after=exc.retry_after)
     if isinstance(exc, ShuttingDown):
         message = "the service is shutting down; retry on another replica"
     else:

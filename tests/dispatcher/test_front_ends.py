@@ -1,0 +1,170 @@
+"""Several front-end processes, one dispatcher, engine processes for both pools: end to end.
+
+The accelerator pool runs a CPU engine through the explicit plan (the accelerator path, on
+this CPU): its instance is an engine process like any accelerator's. Every test drives a
+real `windve serve --http-workers 2` over HTTP on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import signal
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.servers import ServerProcess, long_text, start_server, write_plan_config
+
+ACC_DEPTH, CPU_DEPTH = 3, 3
+
+
+def _info(server: ServerProcess) -> dict:
+    return httpx.get(server.url + "/info", timeout=30).json()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _embed(url: str, texts: list[str]) -> httpx.Response | Exception:
+    try:
+        return httpx.post(url + "/embed", json={"inputs": texts}, timeout=120)
+    except httpx.HTTPError as error:
+        return error
+
+
+def _two_front_ends(folder, *extra: str, **settings) -> ServerProcess:
+    config = write_plan_config(
+        folder,
+        [{"pool": "accelerator", "device": "cpu", "cores": [0]}, {"pool": "cpu", "device": "cpu", "cores": [1]}],
+        accelerator_depth=ACC_DEPTH,
+        cpu_depth=CPU_DEPTH,
+        depth_control="static",
+        dtype="fp32",
+        **settings,
+    )
+    return start_server(folder, "--config", config, "--cache-size", "0", "--http-workers", "2", *extra)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    server = _two_front_ends(tmp_path_factory.mktemp("front-ends"))
+    yield server
+    server.stop()
+
+
+def test_every_process_has_its_part(served):
+    info = _info(served)
+    dispatcher = info["dispatcher"]
+    assert dispatcher["pid"] == served.process.pid
+    assert len(dispatcher["front_ends"]) == 2 and served.process.pid not in dispatcher["front_ends"]
+    pools = {pool["name"]: pool for pool in info["pools"]}
+    assert {name: pool["depth"] for name, pool in pools.items()} == {"accelerator": ACC_DEPTH, "cpu": CPU_DEPTH}
+    engines = {name: pool["instances"][0] for name, pool in pools.items()}
+    # Both pools' instances are engine processes pinned to their own core, neither of them the
+    # dispatcher nor a front end.
+    assert engines["accelerator"]["kind"] == engines["cpu"]["kind"] == "engine-process"
+    assert engines["accelerator"]["ranks"][0]["affinity"] == [0]
+    assert engines["cpu"]["ranks"][0]["affinity"] == [1]
+    engine_pids = {pid for engine in engines.values() for pid in engine["pids"]}
+    assert not engine_pids & ({served.process.pid} | set(dispatcher["front_ends"]))
+    metrics = httpx.get(served.url + "/metrics").text
+    for family in ("windve_engine_rss_bytes", "windve_engine_cpu_seconds_total"):
+        for instance in ("accelerator-0", "cpu-0"):
+            assert f'{family}{{instance="{instance}",rank="0"}}' in metrics, (family, instance)
+
+
+def test_concurrent_requests_through_both_front_ends_get_their_own_vectors(served, reference_model):
+    """Admission is atomic across front ends: in flight never passes a pool's depth, and every
+    answer holds exactly its own texts' vectors (none lost, mixed or answered twice)."""
+    requests = [[long_text(i * 10 + j) for j in range(1 + i % 3)] for i in range(24)]
+    with concurrent.futures.ThreadPoolExecutor(24) as pool:
+        answers = list(pool.map(lambda texts: _embed(served.url, texts), requests))
+    statuses = [getattr(answer, "status_code", answer) for answer in answers]
+    assert set(statuses) <= {200, 429}, statuses
+    assert statuses.count(200) >= 2, statuses
+    for texts, answer in zip(requests, answers):
+        if answer.status_code == 200:
+            got = np.array(answer.json())
+            want = reference_model.encode(texts, normalize_embeddings=True)
+            assert got.shape == want.shape
+            assert np.min(np.sum(got * want, axis=1)) > 0.9999
+        else:
+            assert answer.json()["error_type"] == "overloaded"
+    peak = _info(served)["dispatcher"]["peak_in_flight"]
+    assert peak["accelerator"] <= ACC_DEPTH and peak["cpu"] <= CPU_DEPTH, peak
+    metrics = httpx.get(served.url + "/metrics").text
+    # Both front ends' request counters add up in one exposition.
+    ok = sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("windve_requests_total{") and 'status="200"' in line and 'route="embed"' in line
+    )
+    assert ok >= statuses.count(200)
+
+
+def test_killing_a_front_end_loses_no_query_of_the_other(tmp_path, reference_model):
+    server = _two_front_ends(tmp_path)
+    try:
+        victim = _info(server)["dispatcher"]["front_ends"][0]
+        texts = [[long_text(i)] for i in range(40)]
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            futures = [pool.submit(_embed, server.url, request) for request in texts]
+            os.kill(victim, signal.SIGKILL)
+            answers = [future.result() for future in futures]
+        # A client of the killed front end may lose its connection; every other one gets its
+        # own vector or BUSY, never a wrong answer or a hang.
+        for request, answer in zip(texts, answers):
+            if isinstance(answer, Exception):
+                assert isinstance(answer, httpx.TransportError), answer
+                continue
+            assert answer.status_code in (200, 429), answer.text
+            if answer.status_code == 200:
+                want = reference_model.encode(request, normalize_embeddings=True)
+                assert float(np.array(answer.json())[0] @ want[0]) > 0.9999
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # the supervisor replaces the dead front end
+            front_ends = _info(server)["dispatcher"]["front_ends"]
+            if len(front_ends) == 2 and victim not in front_ends:
+                break
+            time.sleep(0.1)  # polling a condition with a deadline
+        assert len(front_ends) == 2 and victim not in front_ends
+        # Nothing stays admitted for the dead front end's clients: every slot is free again.
+        pools = _info(server)["pools"]
+        assert all(pool["in_flight"] == 0 for pool in pools), pools
+        assert "exited" in server.log()
+        assert _embed(server.url, ["after the restart"]).status_code == 200
+    finally:
+        server.stop()
+
+
+def test_sigterm_drains_every_process(tmp_path):
+    server = _two_front_ends(tmp_path)
+    info = _info(server)
+    children = info["dispatcher"]["front_ends"] + [
+        pid for pool in info["pools"] for inst in pool["instances"] for pid in inst["pids"]
+    ]
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        futures = [pool.submit(_embed, server.url, [long_text(i)]) for i in range(6)]
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # wait until requests are admitted
+            if sum(p["in_flight"] for p in _info(server)["pools"]) >= 2:
+                break
+        server.process.send_signal(signal.SIGTERM)
+        answers = [future.result() for future in futures]
+    assert server.process.wait(90) == 0, server.log()
+    errors = [answer for answer in answers if isinstance(answer, Exception)]
+    assert not errors, errors
+    assert {answer.status_code for answer in answers} <= {200, 429}
+    assert any(answer.status_code == 200 for answer in answers)
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
+        time.sleep(0.05)  # children are reaped by now or very soon; bounded poll
+    assert not [pid for pid in children if _alive(pid)]

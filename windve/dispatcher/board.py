@@ -1,0 +1,67 @@
+"""The dispatcher's state, published in a few shared bytes that every front end reads for free.
+
+A front end consults it before any work: a full or draining service answers BUSY, and a
+broken one 503, without a round trip to the dispatcher and without touching an engine.
+/health reads it too, so it never waits behind embedding work. It is a hint, refreshed
+every few milliseconds: admission itself is decided by the dispatcher, atomically.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+# ready, draining, health (0 none, 1 degraded, 2 ok, 3 no healthy instance), free room,
+# retry-after seconds, stamp (monotonic seconds of the last refresh)
+_LAYOUT = struct.Struct("<BBBxxxxxqdd")
+REFRESH_SECONDS = 0.005
+STALE_SECONDS = 2.0  # a board this old means the dispatcher is gone or stuck
+
+STARTING, DEGRADED, OK, UNAVAILABLE = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class BoardState:
+    ready: bool
+    draining: bool
+    health: int
+    free_room: int
+    retry_after: float
+    age: float  # seconds since the dispatcher last refreshed the board
+
+    @property
+    def alive(self) -> bool:
+        return self.age < STALE_SECONDS
+
+
+class StateBoard:
+    """A file-backed shared mapping: the dispatcher writes, front ends read."""
+
+    def __init__(self, path: Path, create: bool = False) -> None:
+        self.path = Path(path)
+        flags = os.O_RDWR | (os.O_CREAT if create else 0)
+        fd = os.open(self.path, flags, 0o600)
+        try:
+            if create:
+                os.ftruncate(fd, _LAYOUT.size)
+            self._map = mmap.mmap(fd, _LAYOUT.size)
+        finally:
+            os.close(fd)
+        if create:
+            self.write(ready=False, draining=False, health=STARTING, free_room=0, retry_after=1.0)
+
+    def write(self, *, ready: bool, draining: bool, health: int, free_room: int, retry_after: float) -> None:
+        _LAYOUT.pack_into(
+            self._map, 0, ready, draining, health, free_room, retry_after, time.monotonic()
+        )
+
+    def read(self) -> BoardState:
+        ready, draining, health, free_room, retry_after, stamp = _LAYOUT.unpack_from(self._map, 0)
+        return BoardState(bool(ready), bool(draining), health, free_room, retry_after, time.monotonic() - stamp)
+
+    def close(self) -> None:
+        self._map.close()

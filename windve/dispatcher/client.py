@@ -1,0 +1,199 @@
+"""How a front end reaches the dispatcher: in its own process, or over ZMQ.
+
+Both clients answer the same calls, so the front end's request path is one:
+- `check_room(n)` before any work: BUSY (or 503) at once, costing no engine anything;
+- `submit(sequences, waited)` -> a Ticket, in the caller's own event-loop step (in-process:
+  admitted or refused right there, so a refusal costs no task); `await ticket.future`, then
+  `ticket.result()` -> float32 [n, dim] or Busy / ShuttingDown / Unavailable / QueryFailed;
+  `ticket.cancel()` when the client has gone frees its queries' slots;
+- `status()` for /health (never waits behind embedding work), `await info()`,
+  `await metrics_text()` for what lives in the dispatcher's process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import zmq
+import zmq.asyncio
+
+from queue_manager.protocol import Busy, QueryFailed, ShuttingDown, Unavailable
+from windve.dispatcher import messages
+from windve.dispatcher.board import DEGRADED, OK, STARTING, UNAVAILABLE, StateBoard
+
+HEALTH_NAMES = {STARTING: "starting", DEGRADED: "degraded", OK: "ok", UNAVAILABLE: "unhealthy"}
+CONTROL_TIMEOUT = 5.0  # /info and /metrics answers from the dispatcher
+
+
+class LocalTicket:
+    """A request admitted by the in-process queue manager."""
+
+    def __init__(self, qm, request, waited: float) -> None:  # queue_manager.manager.QueueManager, pool.Request
+        self._qm = qm
+        self._request = request
+        self.future = request.future
+        self._since = time.perf_counter() - waited
+
+    def result(self) -> np.ndarray:
+        vectors = self.future.result()
+        self._qm.record_latency(self._request, time.perf_counter() - self._since)
+        return vectors
+
+    def cancel(self) -> None:
+        self._qm.cancel(self._request)
+
+
+class LocalDispatcher:
+    """The dispatcher in the front end's own process (one front end)."""
+
+    def __init__(self, runtime) -> None:  # windve.service.Runtime
+        self.runtime = runtime
+
+    def check_room(self, wanted: int) -> None:
+        self.runtime.queue_manager.check_room(wanted)
+
+    def submit(self, sequences: Sequence[np.ndarray], waited: float = 0.0) -> LocalTicket:
+        qm = self.runtime.queue_manager
+        return LocalTicket(qm, qm.admit(sequences), waited)
+
+    def status(self) -> dict:
+        runtime = self.runtime
+        if not runtime.ready:
+            return {"status": "starting"}
+        qm = runtime.queue_manager
+        if qm.draining:
+            return {"status": "draining"}
+        if not qm.healthy():
+            return {"status": "unhealthy"}
+        return {"status": "ok" if qm.all_instances_healthy() else "degraded"}
+
+    async def info(self) -> dict:
+        return self.runtime.info()
+
+    async def metrics_text(self) -> bytes:
+        return b""  # the dispatcher's metrics are in this process's default registry already
+
+    async def close(self) -> None:
+        await self.runtime.close()
+
+
+class RemoteTicket:
+    """A request sent to the dispatcher in another process; admitted or refused there."""
+
+    def __init__(self, client: RemoteDispatcher, request_id: int, future: asyncio.Future) -> None:
+        self._client = client
+        self._id = request_id
+        self.future = future
+
+    def result(self) -> np.ndarray:
+        header, payload = self.future.result()
+        status = header["status"]
+        if status == messages.OK:
+            return messages.vectors_from_frame(payload[0].buffer, header["n"], header["dim"])
+        retry = header.get("retry_after", 1.0)
+        if status == messages.BUSY:
+            raise Busy(retry_after=retry, message=header["message"])
+        if status == messages.DRAINING:
+            raise ShuttingDown(retry_after=retry, message=header["message"])
+        if status == messages.UNAVAILABLE:
+            raise Unavailable(retry_after=retry, message=header["message"])
+        raise QueryFailed(header["message"])
+
+    def cancel(self) -> None:
+        self._client.forget(self._id)
+
+
+class RemoteDispatcher:
+    """The dispatcher in the `windve serve` parent, reached over a ZMQ DEALER socket."""
+
+    def __init__(self, address: str, board_path: Path) -> None:
+        self.board = StateBoard(board_path)
+        self._context = zmq.asyncio.Context()
+        self._socket = self._context.socket(zmq.DEALER)
+        self._socket.setsockopt(zmq.IDENTITY, f"fe-{os.getpid()}".encode())
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.connect(address)
+        self._ids = itertools.count(1)
+        self._waiting: dict[int, asyncio.Future] = {}
+        self._reader: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._reader = asyncio.create_task(self._read(), name="dispatcher-replies")
+
+    async def _read(self) -> None:
+        while True:
+            frames = await self._socket.recv_multipart(copy=False)
+            header = messages.unpack(frames[0].buffer)
+            future = self._waiting.pop(header["id"], None)
+            if future is not None and not future.done():
+                future.set_result((header, frames[1:]))
+
+    def _send(self, header: dict, *payload) -> asyncio.Future:
+        """Send now (ZMQ queues it without blocking); the answer resolves the returned future."""
+        request_id = header["id"] = next(self._ids)
+        future = asyncio.get_running_loop().create_future()
+        self._waiting[request_id] = future
+        self._socket.send_multipart([messages.pack(header), *payload], copy=False)
+        return future
+
+    async def _ask(self, header: dict) -> tuple[dict, list]:
+        future = self._send(header)
+        try:
+            return await future
+        finally:
+            self._waiting.pop(header["id"], None)
+
+    def forget(self, request_id: int) -> None:
+        """The client has gone: drop the wait and tell the dispatcher to free the slots."""
+        if self._waiting.pop(request_id, None) is not None:
+            self._socket.send_multipart([messages.pack({"op": messages.CANCEL, "id": request_id})])
+
+    def check_room(self, wanted: int) -> None:
+        state = self.board.read()
+        if not state.alive:
+            raise Unavailable(retry_after=1.0, message="the dispatcher is not answering")
+        if not state.ready:
+            raise Unavailable(retry_after=1.0, message="the model is still loading; retry shortly")
+        if state.health == UNAVAILABLE:
+            raise Unavailable(retry_after=1.0, message="no engine instance is healthy; retry shortly")
+        if state.draining:
+            raise ShuttingDown(retry_after=state.retry_after, message="the service is shutting down")
+        if state.free_room <= 0:
+            raise Busy(retry_after=state.retry_after)
+
+    def submit(self, sequences: Sequence[np.ndarray], waited: float = 0.0) -> RemoteTicket:
+        lengths, ids = messages.sequence_frames(sequences)
+        header = {"op": messages.EMBED, "waited": waited}
+        future = self._send(header, lengths, ids)
+        return RemoteTicket(self, header["id"], future)
+
+    def status(self) -> dict:
+        state = self.board.read()
+        if not state.alive:
+            return {"status": "unhealthy", "error": "the dispatcher is not answering"}
+        if not state.ready:
+            return {"status": "starting"}
+        if state.draining:
+            return {"status": "draining"}
+        return {"status": HEALTH_NAMES[state.health]}
+
+    async def info(self) -> dict:
+        header, _ = await asyncio.wait_for(self._ask({"op": messages.INFO}), CONTROL_TIMEOUT)
+        return header["info"]
+
+    async def metrics_text(self) -> bytes:
+        _, payload = await asyncio.wait_for(self._ask({"op": messages.METRICS}), CONTROL_TIMEOUT)
+        return bytes(payload[0].buffer)
+
+    async def close(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+        self._socket.close(0)
+        self._context.term()
+        self.board.close()

@@ -1,0 +1,43 @@
+"""What front ends and the dispatcher say to each other over ZMQ: a msgpack header frame,
+then raw array frames (int32 token ids in, float32 vectors out) that are never pickled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import msgpack
+import numpy as np
+
+EMBED, CANCEL, INFO, METRICS = "embed", "cancel", "info", "metrics"
+# Answer statuses, each mapped to an HTTP answer by the front end.
+OK, BUSY, DRAINING, UNAVAILABLE, FAILED = "ok", "busy", "draining", "unavailable", "failed"
+
+
+def pack(header: dict) -> bytes:
+    return msgpack.packb(header)
+
+
+def unpack(frame) -> dict:
+    return msgpack.unpackb(frame)
+
+
+def sequence_frames(sequences: Sequence[np.ndarray]) -> tuple[bytes, bytes]:
+    """Token-id sequences -> (int32 lengths, int32 ids back to back)."""
+    lengths = np.fromiter((len(seq) for seq in sequences), dtype=np.int32, count=len(sequences))
+    ids = np.concatenate(sequences).astype(np.int32, copy=False)
+    return lengths.tobytes(), ids.tobytes()
+
+
+def sequences_from_frames(lengths_frame, ids_frame) -> list[np.ndarray]:
+    """The inverse of sequence_frames: views on the received buffer, no copy."""
+    lengths = np.frombuffer(lengths_frame, dtype=np.int32)
+    ids = np.frombuffer(ids_frame, dtype=np.int32)
+    if lengths.size == 0 or int(lengths.sum()) != ids.size or int(lengths.min()) < 1:
+        raise ValueError("malformed embed message: lengths and ids disagree")
+    return np.split(ids, np.cumsum(lengths[:-1]))
+
+
+def vectors_from_frame(frame, count: int, dim: int) -> np.ndarray:
+    """A writable float32 [count, dim] copy: the front end normalizes it in place."""
+    return np.frombuffer(frame, dtype=np.float32, count=count * dim).reshape(count, dim).copy()

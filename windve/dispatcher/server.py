@@ -1,0 +1,185 @@
+"""The dispatcher process's ZMQ side: front ends' embed requests in, vectors or refusals out.
+
+One ROUTER socket serves every front end; each request is admitted by the queue manager in
+the step of the event loop that reads it, so admission stays atomic across front ends. A
+front end that dies has its admitted queries cancelled (`forget_client`): nobody will read
+their answers, and the slots they hold belong to the clients of the other front ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Callable
+
+import zmq
+import zmq.asyncio
+from prometheus_client import generate_latest
+
+from queue_manager.pool import Request
+from queue_manager.protocol import Busy, QueryFailed, ShuttingDown, Unavailable
+from windve.dispatcher import messages
+from windve.dispatcher.board import DEGRADED, OK, STARTING, UNAVAILABLE, StateBoard
+from windve.service import Runtime
+
+log = logging.getLogger(__name__)
+
+
+class DispatcherServer:
+    def __init__(
+        self,
+        address: str,
+        board: StateBoard,
+        runtime: Callable[[], Runtime | None],
+        front_ends: Callable[[], list[int]] = list,
+    ) -> None:
+        self.address = address
+        self._front_ends = front_ends  # pids of the live front-end processes, for /info
+        self.peak_in_flight: dict[str, int] = {}  # per pool, since start: admission's bound, observed
+        self.board = board
+        self._runtime = runtime  # None while the engines load
+        self._context = zmq.asyncio.Context()
+        self._socket = self._context.socket(zmq.ROUTER)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.bind(address)
+        self._pending: dict[tuple[bytes, int], Request] = {}
+        self._tasks: list[asyncio.Task] = []
+
+    def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._serve(), name="dispatcher-serve"),
+            asyncio.create_task(self._publish(), name="dispatcher-board"),
+        ]
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._socket.close(0)
+        self._context.term()
+
+    # ---- the board -------------------------------------------------------------------
+
+    def publish_now(self) -> None:
+        runtime = self._runtime()
+        if runtime is None or not runtime.ready or runtime.queue_manager is None:
+            self.board.write(ready=False, draining=False, health=STARTING, free_room=0, retry_after=1.0)
+            return
+        qm = runtime.queue_manager
+        pools = qm.eligible_pools()
+        serving = [pool for pool in pools if pool.least_loaded() is not None]
+        if not qm.healthy():
+            health = UNAVAILABLE if not serving else DEGRADED
+        else:
+            health = OK if qm.all_instances_healthy() else DEGRADED
+        self.board.write(
+            ready=True,
+            draining=qm.draining,
+            health=health,
+            free_room=sum(pool.room() for pool in serving),
+            retry_after=qm.retry_after(1),
+        )
+
+    async def _publish(self) -> None:
+        from windve.dispatcher.board import REFRESH_SECONDS
+
+        while True:
+            self.publish_now()
+            await asyncio.sleep(REFRESH_SECONDS)  # the board's refresh period
+
+    # ---- requests --------------------------------------------------------------------
+
+    async def _serve(self) -> None:
+        while True:
+            frames = await self._socket.recv_multipart(copy=False)
+            client, header = frames[0].bytes, messages.unpack(frames[1].buffer)
+            try:
+                self._handle(client, header, frames[2:])
+            except Exception:  # noqa: BLE001 - one bad message must not stop the dispatcher
+                log.exception("dispatcher: cannot handle %s", header.get("op"))
+                self._answer(client, header.get("id", 0), messages.FAILED, message="dispatcher error")
+
+    def _handle(self, client: bytes, header: dict, payload: list) -> None:
+        op, request_id = header["op"], header["id"]
+        if op == messages.EMBED:
+            self._embed(client, request_id, header, payload)
+        elif op == messages.CANCEL:
+            request = self._pending.pop((client, request_id), None)
+            runtime = self._runtime()
+            if request is not None and runtime is not None:
+                runtime.queue_manager.cancel(request)
+        elif op == messages.INFO:
+            runtime = self._runtime()
+            info = runtime.info() if runtime is not None else {"ready": False}
+            info["dispatcher"] = {
+                "pid": os.getpid(),
+                "front_ends": self._front_ends(),
+                "peak_in_flight": self.peak_in_flight,
+            }
+            self._send(client, {"id": request_id, "status": messages.OK, "info": info})
+        elif op == messages.METRICS:
+            self._send(client, {"id": request_id, "status": messages.OK}, generate_latest())
+
+    def _embed(self, client: bytes, request_id: int, header: dict, payload: list) -> None:
+        runtime = self._runtime()
+        if runtime is None or not runtime.ready:
+            self._answer(client, request_id, messages.UNAVAILABLE, message="the model is still loading", retry=1.0)
+            return
+        qm = runtime.queue_manager
+        sequences = messages.sequences_from_frames(payload[0].buffer, payload[1].buffer)
+        try:
+            request = qm.admit(sequences)
+        except ShuttingDown as refusal:
+            self._answer(client, request_id, messages.DRAINING, message=str(refusal), retry=refusal.retry_after)
+            return
+        except Busy as refusal:
+            self._answer(client, request_id, messages.BUSY, message=str(refusal), retry=refusal.retry_after)
+            return
+        except Unavailable as refusal:
+            self._answer(client, request_id, messages.UNAVAILABLE, message=str(refusal), retry=refusal.retry_after)
+            return
+        for pool in qm.pools:
+            if pool.in_flight > self.peak_in_flight.get(pool.name, 0):
+                self.peak_in_flight[pool.name] = pool.in_flight
+        key = (client, request_id)
+        self._pending[key] = request
+        admitted = time.perf_counter()
+        waited = float(header.get("waited", 0.0))
+
+        def answered(future: asyncio.Future) -> None:
+            if self._pending.pop(key, None) is None or future.cancelled():
+                return  # cancelled: the front end has gone or its client left
+            error = future.exception()
+            if error is not None:
+                status = messages.FAILED if isinstance(error, QueryFailed) else messages.UNAVAILABLE
+                self._answer(client, request_id, status, message=str(error), retry=1.0)
+                return
+            vectors = future.result()
+            qm.record_latency(request, waited + time.perf_counter() - admitted)
+            count, dim = vectors.shape
+            header = {"id": request_id, "status": messages.OK, "n": count, "dim": dim}
+            self._send(client, header, vectors.astype("float32", copy=False).data)
+
+        request.future.add_done_callback(answered)
+
+    def forget_client(self, client: bytes) -> int:
+        """Cancel every admitted query of a front end that has gone; returns how many requests."""
+        runtime = self._runtime()
+        gone = [key for key in self._pending if key[0] == client]
+        for key in gone:
+            request = self._pending.pop(key)
+            if runtime is not None:
+                runtime.queue_manager.cancel(request)
+        return len(gone)
+
+    def _answer(self, client: bytes, request_id: int, status: str, *, message: str, retry: float = 1.0) -> None:
+        self._send(client, {"id": request_id, "status": status, "message": message, "retry_after": retry})
+
+    def _send(self, client: bytes, header: dict, payload=None) -> None:
+        frames = [client, messages.pack(header)] + ([payload] if payload is not None else [])
+        try:
+            self._socket.send_multipart(frames, copy=False, flags=zmq.NOBLOCK)
+        except zmq.ZMQError as error:  # the front end is gone (its queue full or closed)
+            log.warning("dispatcher: cannot answer front end %r: %s", client, error)

@@ -1,0 +1,151 @@
+"""The parent of a multi-process `windve serve`: the dispatcher, and its front ends' keeper.
+
+It opens the listening socket once (every front end accepts from it), starts N front-end
+processes at once (they answer /health 503 while the engines load), then loads the engines
+and runs the dispatcher on its own loop. A front end that dies is replaced, and the queries
+it had admitted are cancelled; no other front end's query is touched. SIGTERM drains: the
+board says draining (new requests get BUSY), every front end finishes what it admitted and
+exits, then the engines stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+from pathlib import Path
+
+from windve.dispatcher.board import StateBoard
+from windve.dispatcher.server import DispatcherServer
+from windve.service import Runtime
+from windve.settings import Settings
+
+log = logging.getLogger("windve.dispatcher")
+
+RESTART_BACKOFF = (0.5, 1.0, 2.0, 5.0)
+
+
+class Supervisor:
+    def __init__(self, settings: Settings, workers: int, cores: tuple[int, ...], drain_seconds: int) -> None:
+        self.settings = settings
+        self.workers = workers
+        self.cores = cores  # front ends and the dispatcher share the service cores
+        self.drain_seconds = drain_seconds
+        self.runtime: Runtime | None = None
+        self.stopping = False
+        self.failed: str | None = None
+        self._fronts: dict[int, asyncio.subprocess.Process] = {}
+        self._stop = asyncio.Event()
+
+    def run(self) -> int:
+        return asyncio.run(self._main())
+
+    async def _main(self) -> int:
+        workdir = Path(tempfile.mkdtemp(prefix="windve-"))
+        listener = socket.create_server((self.settings.host, self.settings.port), backlog=4096)
+        listener.set_inheritable(True)
+        if self.cores:
+            os.sched_setaffinity(0, self.cores)
+        (workdir / "settings.json").write_text(self.settings.model_dump_json())
+        (workdir / "metrics").mkdir()
+        board = StateBoard(workdir / "board", create=True)
+        server = DispatcherServer(f"ipc://{workdir}/dispatcher", board, lambda: self.runtime, self._front_end_pids)
+        server.start()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._begin_stop)
+        keepers = [asyncio.create_task(self._keep_front_end(i, workdir, listener, server)) for i in range(self.workers)]
+        log.info("%d front-end processes on %s:%d", self.workers, self.settings.host, self.settings.port)
+        starting = asyncio.create_task(self._start_engines())
+        await self._stop.wait()
+        starting.cancel()
+        await asyncio.gather(starting, return_exceptions=True)
+        await self._drain(server)
+        for keeper in keepers:
+            keeper.cancel()
+        await asyncio.gather(*keepers, return_exceptions=True)
+        if self.runtime is not None:
+            await self.runtime.close()
+        await server.close()
+        board.close()
+        listener.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+        if self.failed:
+            print(f"windve serve: could not start: {self.failed}", file=sys.stderr)
+            return 1
+        return 0
+
+    async def _start_engines(self) -> None:
+        try:
+            self.runtime = await Runtime.start(self.settings)
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # noqa: BLE001 - reported, then the service exits
+            log.exception("the engines could not start")
+            self.failed = f"{type(error).__name__}: {error}"
+            self._begin_stop()
+            return
+        log.info("dispatcher ready: pools %s", ", ".join(self.runtime.pool_names))
+
+    def _front_end_pids(self) -> list[int]:
+        return [process.pid for process in self._fronts.values() if process.returncode is None]
+
+    def _begin_stop(self) -> None:
+        if self.stopping:
+            return
+        self.stopping = True
+        if self.runtime is not None and self.runtime.queue_manager is not None:
+            self.runtime.queue_manager.draining = True  # BUSY from now on, on the board too
+        self._stop.set()
+
+    async def _drain(self, server: DispatcherServer) -> None:
+        """Front ends finish the requests they admitted (uvicorn's graceful shutdown), then exit."""
+        server.publish_now()
+        for process in self._fronts.values():
+            if process.returncode is None:
+                process.send_signal(signal.SIGTERM)
+        waits = [process.wait() for process in self._fronts.values()]
+        try:
+            await asyncio.wait_for(asyncio.gather(*waits), self.drain_seconds + 5)
+        except asyncio.TimeoutError:
+            for process in self._fronts.values():
+                if process.returncode is None:
+                    process.kill()
+
+    async def _keep_front_end(self, index: int, workdir: Path, listener: socket.socket, server: DispatcherServer):
+        failures = 0
+        while not self.stopping:
+            process = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "windve.frontend.process",
+                "--fd", str(listener.fileno()),
+                "--settings", str(workdir / "settings.json"),
+                "--dispatcher", f"ipc://{workdir}/dispatcher",
+                "--board", str(workdir / "board"),
+                "--drain-seconds", str(self.drain_seconds),
+                pass_fds=(listener.fileno(),),
+                env=os.environ | {"PROMETHEUS_MULTIPROC_DIR": str(workdir / "metrics")},
+            )
+            self._fronts[index] = process
+            code = await process.wait()
+            if self.stopping:
+                return
+            cancelled = server.forget_client(f"fe-{process.pid}".encode())
+            _mark_metrics_dead(process.pid, workdir / "metrics")
+            failures += 1
+            delay = RESTART_BACKOFF[min(failures - 1, len(RESTART_BACKOFF) - 1)]
+            log.error(
+                "front end %d (pid %d) exited with %s; %d of its requests cancelled; restarting in %.1f s",
+                index, process.pid, code, cancelled, delay,
+            )
+            await asyncio.sleep(delay)  # back-off before a restart, not a wait for a condition
+
+
+def _mark_metrics_dead(pid: int, directory: Path) -> None:
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(pid, str(directory))

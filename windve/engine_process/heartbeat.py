@@ -1,0 +1,56 @@
+"""A liveness beat from an engine process to the dispatcher, through 8 shared bytes.
+
+The worker's beating thread stamps CLOCK_MONOTONIC (the same clock in every process of
+the machine) into a memfd the parent created and passed down; the parent reads the stamp
+whenever it likes. A SIGSTOPped, deadlocked or swapped-out worker stops stamping, which a
+pipe alone never tells: its socket stays open and silent. Torch and onnxruntime release
+the GIL in their kernels, so a long batch does not silence a healthy worker.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+import threading
+import time
+
+_STAMP = struct.Struct("<d")
+BEAT_SECONDS = 0.25
+
+
+class HeartbeatBoard:
+    """The parent's side: owns the memfd and reads the last stamp."""
+
+    def __init__(self) -> None:
+        self.fd = os.memfd_create("windve-heartbeat", 0)  # no MFD_CLOEXEC flag: children inherit it
+        os.ftruncate(self.fd, _STAMP.size)
+        self._map = mmap.mmap(self.fd, _STAMP.size)
+        self.reset()
+
+    def reset(self) -> None:
+        """Count from now: a freshly started worker has until the timeout to beat."""
+        _STAMP.pack_into(self._map, 0, time.monotonic())
+
+    def age(self) -> float:
+        """Seconds since the worker last beat."""
+        return time.monotonic() - _STAMP.unpack_from(self._map, 0)[0]
+
+    def close(self) -> None:
+        self._map.close()
+        os.close(self.fd)
+
+
+def start_beating(fd: int, period: float = BEAT_SECONDS) -> threading.Thread:
+    """The worker's side: a daemon thread that stamps the board every `period` seconds."""
+    board = mmap.mmap(fd, _STAMP.size)
+    os.close(fd)
+
+    def beat() -> None:
+        while True:
+            _STAMP.pack_into(board, 0, time.monotonic())
+            time.sleep(period)  # a beat's period, not a wait for a condition
+
+    thread = threading.Thread(target=beat, name="heartbeat", daemon=True)
+    thread.start()
+    return thread

@@ -1,0 +1,46 @@
+"""CPU seconds and resident memory of every engine process, read from /proc at scrape time."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def process_usage(pid: int) -> tuple[int, float] | None:
+    """(resident bytes, user + system CPU seconds) of a live process, else None."""
+    try:
+        with open(f"/proc/{pid}/statm") as statm:
+            resident = int(statm.read().split()[1]) * _PAGE
+        with open(f"/proc/{pid}/stat") as stat:
+            # Fields after the parenthesised command name: utime and stime are the 12th and 13th.
+            fields = stat.read().rsplit(")", 1)[1].split()
+        return resident, (int(fields[11]) + int(fields[12])) / _TICKS
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+class EngineUsageCollector:
+    """windve_engine_rss_bytes and windve_engine_cpu_seconds_total per instance and rank."""
+
+    def __init__(self, processes: Callable[[], Iterable[tuple[str, int, int]]]) -> None:
+        self._processes = processes  # () -> (instance name, rank, pid) of running engine processes
+
+    def collect(self):
+        rss = GaugeMetricFamily(
+            "windve_engine_rss_bytes", "Resident memory of an engine process", labels=["instance", "rank"]
+        )
+        cpu = CounterMetricFamily(
+            "windve_engine_cpu_seconds", "CPU time of an engine process", labels=["instance", "rank"]
+        )
+        for name, rank, pid in self._processes():
+            usage = process_usage(pid)
+            if usage is not None:
+                rss.add_metric([name, str(rank)], usage[0])
+                cpu.add_metric([name, str(rank)], usage[1])
+        yield rss
+        yield cpu

@@ -1,0 +1,63 @@
+"""A front-end process of a multi-process `windve serve`: uvicorn on the listening socket the
+parent opened (every front end accepts from it), talking to the parent's dispatcher.
+
+Started by the parent as `python -m windve.frontend.process --fd N --settings FILE
+--dispatcher ADDRESS --board FILE`; the parent's environment sets PROMETHEUS_MULTIPROC_DIR,
+so that /metrics adds up every front end's counters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+import uvicorn
+
+from windve.settings import Settings
+
+log = logging.getLogger("windve.frontend")
+
+
+def uvicorn_config(app, settings: Settings, drain_seconds: int, **where) -> uvicorn.Config:
+    """The one uvicorn set-up of every front end.
+
+    The asyncio loop, not uvloop: under a storm of retries uvloop let new connections wait
+    seconds in the listen queue (/health among them), asyncio's loop did not."""
+    return uvicorn.Config(
+        app,
+        loop="asyncio",
+        http="httptools",
+        backlog=4096,
+        log_level=settings.log_level,
+        access_log=settings.log_level == "debug",
+        timeout_graceful_shutdown=drain_seconds,
+        **where,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="windve front end")
+    parser.add_argument("--fd", type=int, required=True)
+    parser.add_argument("--settings", type=Path, required=True)
+    parser.add_argument("--dispatcher", required=True)
+    parser.add_argument("--board", type=Path, required=True)
+    parser.add_argument("--drain-seconds", type=int, default=30)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = Settings(**json.loads(args.settings.read_text()))
+    logging.getLogger().setLevel(settings.log_level.upper())
+
+    from windve.frontend.app import create_app
+    from windve.frontend.context import remote_front_end_factory
+
+    fatal: list[str] = []
+    app = create_app(settings, remote_front_end_factory(args.dispatcher, args.board), on_fatal=fatal.append)
+    uvicorn.Server(uvicorn_config(app, settings, args.drain_seconds, fd=args.fd)).run()
+    return 1 if fatal else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
