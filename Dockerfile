@@ -2,6 +2,7 @@
 # WindVE service image.
 #   CPU:  docker build -t windve:0.1.0 .
 #   CUDA: docker build --build-arg VARIANT=cuda -t windve:0.1.0-cuda .
+# For a cluster, tag and push it to a registry before `helm install` (docs/deploy.md).
 # The CUDA variant takes torch from PyPI, whose Linux wheels carry the CUDA runtime
 # libraries (nvidia-* wheels); the node supplies only the driver (NVIDIA container
 # toolkit / GPU operator). The bundled model (all-MiniLM-L6-v2) is a PyPI dependency,

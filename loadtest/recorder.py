@@ -63,6 +63,10 @@ class Recorder:
         tally, self._tally = self._tally, Tally()
         return tally
 
+    def peek(self) -> Tally:
+        """The current window so far, left running (for progress reports; do not modify it)."""
+        return self._tally
+
 
 @dataclass
 class Summary:
@@ -77,6 +81,7 @@ class Summary:
     slo_misses: int  # served answers slower than the SLO
     requests_per_second: float
     texts_per_second: float
+    goodput_texts_per_second: float  # texts of answers served within the SLO, per second
     p50_ms: float | None
     p90_ms: float | None
     p99_ms: float | None
@@ -91,6 +96,7 @@ class Summary:
 def summarize(tally: Tally, seconds: float, slo_seconds: float, texts_per_request: int) -> Summary:
     latencies = sorted(tally.latencies)
     served = len(latencies)
+    slo_misses = sum(1 for t in latencies if t > slo_seconds)
     requests = served + tally.busy + tally.errors
     seconds = max(seconds, 1e-9)
 
@@ -104,9 +110,10 @@ def summarize(tally: Tally, seconds: float, slo_seconds: float, texts_per_reques
         busy=tally.busy,
         errors=tally.errors,
         busy_share=round(tally.busy / requests, 4) if requests else 0.0,
-        slo_misses=sum(1 for t in latencies if t > slo_seconds),
+        slo_misses=slo_misses,
         requests_per_second=round(served / seconds, 2),
         texts_per_second=round(served * texts_per_request / seconds, 2),
+        goodput_texts_per_second=round((served - slo_misses) * texts_per_request / seconds, 2),
         p50_ms=ms(0.50),
         p90_ms=ms(0.90),
         p99_ms=ms(0.99),

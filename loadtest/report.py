@@ -69,6 +69,7 @@ _COLUMNS = (
     ("queries", 7, lambda s: s.queries_in_flight),
     ("req/s", 8, lambda s: f"{s.summary.requests_per_second:.1f}"),
     ("texts/s", 8, lambda s: f"{s.summary.texts_per_second:.1f}"),
+    ("goodput", 8, lambda s: f"{s.summary.goodput_texts_per_second:.1f}"),
     ("p50 ms", 8, lambda s: _ms(s.summary.p50_ms)),
     ("p90 ms", 8, lambda s: _ms(s.summary.p90_ms)),
     ("p99 ms", 8, lambda s: _ms(s.summary.p99_ms)),
@@ -90,6 +91,17 @@ def table_header() -> str:
 def table_row(step: StepResult) -> str:
     cells = "  ".join(f"{str(value(step)):>{width}}" for _, width, value in _COLUMNS)
     return f"{cells}  {'pass' if step.passed else 'FAIL'}: {step.reason}"
+
+
+def progress_line(users: int, phase: str, elapsed: float, planned: float, summary: Summary | None) -> str:
+    """One line while a step runs: where it stands and, when measuring, what it has counted so far."""
+    line = f"  users {users}: {phase} {elapsed:.0f}/{planned:g} s"
+    if summary is None:
+        return line
+    return (
+        f"{line}: {summary.served} served, {summary.busy} BUSY, {summary.errors} errors, "
+        f"p99 {_ms(summary.p99_ms)} ms, {summary.goodput_texts_per_second:.1f} texts/s within SLO"
+    )
 
 
 def conclusion(result: SweepResult) -> str:

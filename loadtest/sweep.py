@@ -11,6 +11,10 @@ competes with the server for cores. Each step: add users, let them run --warmup-
 (not counted), then measure --step-seconds (or until --max-requests-per-step answers).
 The sweep stops at the first failing step unless --continue-after-fail.
 
+While a step runs, a progress line goes to stderr every --progress-seconds; the table goes
+to stdout as steps finish. --plot (default: beside --json-out) draws p99 and goodput against
+the number of clients, with the SLO line.
+
 Exit status: 0 when some step passed, 1 when none did, 2 on bad options or a server that
 never became ready.
 """
@@ -22,18 +26,28 @@ from locust.env import Environment  # isort: skip
 import argparse
 import json
 import logging
+import math
 import sys
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import gevent
 
 from loadtest.exact_texts import text_source
 from loadtest.locustfile import EmbedUser
-from loadtest.recorder import Recorder, summarize
-from loadtest.report import StepResult, SweepResult, conclusion, judge, table_header, table_row
+from loadtest.recorder import Recorder, Summary, summarize
+from loadtest.report import (
+    StepResult,
+    SweepResult,
+    conclusion,
+    judge,
+    progress_line,
+    table_header,
+    table_row,
+)
 from loadtest.sweep_options import add_sweep_arguments
 from loadtest.workload import Workload
 
@@ -54,8 +68,13 @@ def run_sweep(
     busy_disqualifies: bool = True,
     continue_after_fail: bool = False,
     on_step: Callable[[StepResult], None] | None = None,
+    on_progress: Callable[[str], None] | None = None,
+    progress_seconds: float = 0.0,
 ) -> SweepResult:
-    """Run the steps against `host` and return every step's figures and verdict."""
+    """Run the steps against `host` and return every step's figures and verdict.
+
+    With `on_progress` and `progress_seconds` > 0, a line is handed to `on_progress` when a
+    step's warm-up starts and every `progress_seconds` of its measurement."""
     text_source(workload.tokenizer, workload.query_tokens)  # build (and check) texts before any load
     result = SweepResult(
         settings={
@@ -76,13 +95,16 @@ def run_sweep(
     recorder = Recorder()
     env.events.request.add_listener(recorder.on_request)
     runner = env.create_local_runner()
+    progress = _Progress(on_progress, progress_seconds, workload)
     try:
         for count in users:
             runner.start(count, spawn_rate=min(count, 100))
             runner.spawning_greenlet.join()
+            progress.warming_up(count, warmup_seconds)
             gevent.sleep(warmup_seconds)
             recorder.take()
-            seconds = _measure(recorder, step_seconds, max_requests_per_step)
+            report = progress.measuring(count, step_seconds)
+            seconds = _measure(recorder, step_seconds, max_requests_per_step, report, progress.every)
             summary = summarize(recorder.take(), seconds, workload.slo_seconds, workload.texts_per_request)
             passed, reason = judge(summary, workload.slo_seconds, busy_disqualifies)
             step = StepResult(count, count * workload.texts_per_request, summary, passed, reason)
@@ -97,13 +119,50 @@ def run_sweep(
     return result
 
 
-def _measure(recorder: Recorder, step_seconds: float, max_requests: int) -> float:
+class _Progress:
+    """Progress lines of the running step; does nothing without a callback or an interval."""
+
+    def __init__(self, on_progress: Callable[[str], None] | None, every: float, workload: Workload) -> None:
+        self.on_progress = on_progress if every > 0 else None
+        self.every = every
+        self.workload = workload
+
+    def warming_up(self, users: int, seconds: float) -> None:
+        if self.on_progress is not None and seconds > 0:
+            self.on_progress(f"  users {users}: running, {seconds:g} s of warm-up before measuring")
+
+    def measuring(self, users: int, planned: float) -> Callable[[Recorder, float], None] | None:
+        """A report for _measure: called with the recorder and the seconds measured so far."""
+        if self.on_progress is None:
+            return None
+        report = self.on_progress
+
+        def tell(recorder: Recorder, elapsed: float) -> None:
+            summary: Summary = summarize(
+                recorder.peek(), elapsed, self.workload.slo_seconds, self.workload.texts_per_request
+            )
+            report(progress_line(users, "measured", elapsed, planned, summary))
+
+        return tell
+
+
+def _measure(
+    recorder: Recorder,
+    step_seconds: float,
+    max_requests: int,
+    report: Callable[[Recorder, float], None] | None = None,
+    report_every: float = 0.0,
+) -> float:
     started = time.monotonic()
     deadline = started + step_seconds
+    next_report = started + report_every if report is not None and report_every > 0 else math.inf
     while (now := time.monotonic()) < deadline:
         if max_requests and recorder.answered >= max_requests:
             break
-        gevent.sleep(min(POLL_SECONDS, deadline - now))
+        if now >= next_report:
+            report(recorder, now - started)
+            next_report = now + report_every
+        gevent.sleep(min(POLL_SECONDS, deadline - now, max(0.0, next_report - now)))
     return time.monotonic() - started
 
 
@@ -129,8 +188,11 @@ def wait_ready(host: str, timeout_seconds: float) -> None:
 def run_from_args(args: argparse.Namespace) -> int:
     """Run a sweep from parsed options; print the table as steps finish; 0 / 1 / 2 (see module doc)."""
     logging.getLogger("locust").setLevel(logging.WARNING)  # its per-step ramp-up chatter is noise here
+    plot = plot_path(args)
     try:
         workload = Workload.from_options(args)
+        for path in (args.json_out, plot):
+            check_writable(path)
         if args.wait_ready > 0:
             wait_ready(args.host, args.wait_ready)
     except (ValueError, ServerNotReady) as exc:
@@ -154,6 +216,9 @@ def run_from_args(args: argparse.Namespace) -> int:
             busy_disqualifies=not args.busy_passes,
             continue_after_fail=args.continue_after_fail,
             on_step=lambda step: print(table_row(step), flush=True),
+            # stderr: stdout stays the table, which can be piped or saved as it is.
+            on_progress=lambda line: print(line, file=sys.stderr, flush=True),
+            progress_seconds=args.progress_seconds,
         )
     except (ValueError, RuntimeError, OSError) as exc:
         print(f"loadtest: {exc}", file=sys.stderr)
@@ -161,7 +226,29 @@ def run_from_args(args: argparse.Namespace) -> int:
     print(conclusion(result), flush=True)
     if args.json_out:
         args.json_out.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+    if plot is not None and result.steps:
+        from loadtest.plot import plot_sweep
+
+        plot_sweep(result, plot)
+        print(f"wrote {plot}", flush=True)
     return 0 if result.best is not None else 1
+
+
+def plot_path(args: argparse.Namespace) -> Path | None:
+    """--plot, else the PNG beside --json-out, else none."""
+    if args.plot is not None:
+        return args.plot
+    return args.json_out.with_suffix(".png") if args.json_out else None
+
+
+def check_writable(path: Path | None) -> None:
+    """Fail before minutes of load, not after: the file's folder must exist and not the file as a folder."""
+    if path is None:
+        return
+    if path.is_dir():
+        raise ValueError(f"{path} is a directory")
+    if not path.parent.is_dir():
+        raise ValueError(f"cannot write {path}: no directory {path.parent}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -64,7 +64,20 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds to wait for GET /health to answer 200 before the first step "
         "(0: do not check; default %(default)s)",
     )
+    parser.add_argument(
+        "--progress-seconds",
+        type=non_negative_float,
+        default=5.0,
+        help="while a step runs, print its counts so far to stderr this often (0: only the table; "
+        "default %(default)s)",
+    )
     parser.add_argument("--json-out", type=Path, help="also write the sweep's result as JSON to this file")
+    parser.add_argument(
+        "--plot",
+        type=Path,
+        help="write a PNG of p99 latency and goodput against clients, with the SLO line "
+        "(default: beside --json-out, its name ending .png; none without --json-out)",
+    )
     add_workload_arguments(parser)
 
 

@@ -128,7 +128,7 @@ class Runtime:
                 for instance in members:
                     check = getattr(instance, "check_heartbeats", None)
                     if check is not None and not check():
-                        self.queue_manager.instance_down(instance)
+                        self.queue_manager.instance_down(instance, instance.failure or "it missed its heartbeat")
 
     async def _follow_shared_calibration(self) -> None:
         """With Redis, take the newest calibration for this model and hardware, now and later."""

@@ -78,7 +78,7 @@ def test_every_process_has_its_part(served):
     metrics = httpx.get(served.url + "/metrics").text
     for family in ("windve_engine_rss_bytes", "windve_engine_cpu_seconds_total"):
         for instance in ("accelerator-0", "cpu-0"):
-            assert f'{family}{{instance="{instance}",rank="0"}}' in metrics, (family, instance)
+            assert f'{family}{{engine="{instance}",rank="0"}}' in metrics, (family, instance)
 
 
 def test_concurrent_requests_through_both_front_ends_get_their_own_vectors(served, reference_model):

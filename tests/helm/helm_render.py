@@ -115,6 +115,8 @@ SCENARIOS: dict[str, dict[str, Any] | str | None] = {
     "no-redis": {"redis": {"enabled": False}},
     "api-key": {"apiKey": {"value": "s3cret"}},
     "cpu-hpa": {"autoscaling": {"enabled": True, "queueOccupancy": {"enabled": False}}},
+    "calibration-job": "calibration-job-values.yaml",
+    "production": "production-values.yaml",
 }
 
 

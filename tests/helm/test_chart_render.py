@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import posixpath
-from pathlib import PurePosixPath
 from typing import Any
 
 import pytest
@@ -27,7 +26,7 @@ from helm_render import (
 REDIS = f"{FULLNAME}-redis"
 
 
-def test_default_release_has_server_redis_and_calibration(releases: dict[str, Release]) -> None:
+def test_default_release_has_server_and_redis_and_no_calibration_job(releases: dict[str, Release]) -> None:
     assert releases["default"].names() == {
         ("ConfigMap", FULLNAME),
         ("ServiceAccount", FULLNAME),
@@ -36,7 +35,7 @@ def test_default_release_has_server_redis_and_calibration(releases: dict[str, Re
         ("PodDisruptionBudget", FULLNAME),
         ("Deployment", REDIS),
         ("Service", REDIS),
-        ("Job", f"{FULLNAME}-calibrate"),
+        ("Secret", REDIS),
     }
 
 
@@ -153,24 +152,25 @@ def test_default_redis_is_the_charts_own(releases: dict[str, Release]) -> None:
     redis_pod = release.get("Deployment", REDIS)["spec"]["template"]
     assert selects(redis_service["spec"]["selector"], redis_pod["metadata"]["labels"])
     assert container(release.get("Deployment", REDIS))["image"].startswith("redis:")
-    for workload in (release.server(), release.job()):
-        for cont in all_containers(workload):
-            assert env_of(cont)["WINDVE_REDIS_URL"]["value"] == f"redis://{REDIS}:6379/0"
+    # The URL carries the password, so it comes from the chart's Secret (test_redis_auth.py).
+    reference = env_of(container(release.server()))["WINDVE_REDIS_URL"]["valueFrom"]["secretKeyRef"]
+    assert reference == {"name": REDIS, "key": "redis-url"}
 
 
 def test_external_redis_replaces_the_charts_own(releases: dict[str, Release]) -> None:
     release = releases["external-redis"]
     assert not release.has("Deployment", REDIS) and not release.has("Service", REDIS)
+    assert not release.has("Secret", REDIS)
     url = values_file("external-redis-values.yaml")["redis"]["externalUrl"]
-    for workload in (release.server(), release.job()):
-        assert env_of(container(workload))["WINDVE_REDIS_URL"]["value"] == url
+    assert env_of(container(release.server()))["WINDVE_REDIS_URL"]["value"] == url
 
 
-def test_external_redis_url_can_come_from_a_secret(chart: Any) -> None:
-    release = render(chart, {"redis": {"enabled": False, "externalUrlSecret": {"name": "shared-redis"}}})
+def test_external_redis_url_can_come_from_a_secret(releases: dict[str, Release]) -> None:
+    release = releases["calibration-job"]
     for workload in (release.server(), release.job()):
-        reference = env_of(container(workload))["WINDVE_REDIS_URL"]["valueFrom"]["secretKeyRef"]
-        assert reference == {"name": "shared-redis", "key": "url"}
+        for cont in all_containers(workload):
+            reference = env_of(cont)["WINDVE_REDIS_URL"]["valueFrom"]["secretKeyRef"]
+            assert reference == {"name": "shared-redis", "key": "url"}
 
 
 def test_own_and_external_redis_together_is_refused(chart: Any, helm: Any) -> None:
@@ -182,64 +182,7 @@ def test_without_redis_there_is_no_url_and_no_calibration(releases: dict[str, Re
     release = releases["no-redis"]
     assert not release.all("Job") and not release.has("Deployment", REDIS)
     assert "WINDVE_REDIS_URL" not in env_of(container(release.server()))
-    assert "Calibration is off (it needs Redis)" in release.notes
-
-
-def test_calibration_job_is_a_hook_that_publishes_to_redis(releases: dict[str, Release]) -> None:
-    release = releases["default"]
-    job = release.job()
-    assert job["metadata"]["annotations"] == {
-        "helm.sh/hook": "post-install,post-upgrade",
-        "helm.sh/hook-weight": "0",
-        "helm.sh/hook-delete-policy": "before-hook-creation",
-    }
-    calibrate = container(job, "calibrate")
-    slo = config_file(release)["slo_seconds"]
-    args = calibrate["args"]
-    assert args[0] == "calibrate"
-    assert float(args[args.index("--slo") + 1]) == slo
-    assert args[args.index("--redis-url") + 1] == "$(WINDVE_REDIS_URL)"
-    assert "WINDVE_REDIS_URL" in env_of(calibrate)  # Kubernetes expands $(VAR) only from env
-    assert [c["name"] for c in pod_spec(job)["initContainers"]] == ["wait-for-redis"]
-    assert pod_spec(job)["restartPolicy"] == "Never"
-
-
-@pytest.mark.parametrize("scenario", ["default", "gpu", "npu"])
-def test_calibration_runs_where_and_as_the_serving_pods_run(
-    releases: dict[str, Release], scenario: str
-) -> None:
-    release = releases[scenario]
-    job, server = release.job(), release.server()
-    calibrate, windve = container(job, "calibrate"), container(server)
-    assert calibrate["image"] == windve["image"]
-    assert calibrate["resources"] == windve["resources"]
-    assert calibrate["volumeMounts"] == windve["volumeMounts"]
-    assert env_of(calibrate) == {k: v for k, v in env_of(windve).items() if k != "WINDVE_API_KEY"}
-    for key in ("nodeSelector", "tolerations", "affinity"):
-        assert pod_spec(job).get(key) == pod_spec(server).get(key), key
-
-
-def test_calibration_writes_its_files_where_the_pod_can_write(releases: dict[str, Release]) -> None:
-    calibrate = container(releases["default"].job(), "calibrate")
-    assert calibrate["securityContext"]["readOnlyRootFilesystem"] is True
-    writable = [m["mountPath"] for m in calibrate["volumeMounts"] if not m.get("readOnly")]
-    args = calibrate["args"]
-    # Both named: a default lands in the working directory, on the read-only root filesystem.
-    for flag in ("--out", "--plot"):
-        path = PurePosixPath(args[args.index(flag) + 1])
-        assert any(path.is_relative_to(mount) for mount in writable), (flag, path, writable)
-
-
-def test_calibration_extra_args_are_passed_on(chart: Any) -> None:
-    release = render(chart, {"calibration": {"extraArgs": ["--fine-tune", "--slo", 2.0]}})
-    assert container(release.job(), "calibrate")["args"][-3:] == ["--fine-tune", "--slo", "2"]
-
-
-def test_calibration_off_renders_no_job(releases: dict[str, Release]) -> None:
-    release = releases["calibration-off"]
-    assert not release.all("Job")
-    assert release.has("Deployment", REDIS)  # Redis still shares the embedding cache
-    assert "Calibration is off:" in release.notes
+    assert "probes its queue depths for SLO 1 s at start." in release.notes
 
 
 def test_gpu_values_request_one_gpu_and_mount_the_model(releases: dict[str, Release]) -> None:
@@ -260,10 +203,9 @@ def test_gpu_values_request_one_gpu_and_mount_the_model(releases: dict[str, Rele
 
 def test_npu_values_request_the_ascend_resource(releases: dict[str, Release]) -> None:
     release = releases["npu"]
-    for cont in (container(release.server()), container(release.job(), "calibrate")):
-        limits = cont["resources"]["limits"]
-        assert limits["huawei.com/Ascend910"] == 1
-        assert "nvidia.com/gpu" not in limits
+    limits = container(release.server())["resources"]["limits"]
+    assert limits["huawei.com/Ascend910"] == 1
+    assert "nvidia.com/gpu" not in limits
     volumes = {v["name"]: v for v in pod_spec(release.server())["volumes"]}
     assert volumes["model"]["hostPath"]["path"] == "/data/models"
     assert volumes["ascend-driver"]["hostPath"]["path"] == "/usr/local/Ascend/driver"
@@ -309,7 +251,7 @@ def test_api_key_comes_from_a_secret(releases: dict[str, Release], chart: Any) -
     assert 'Authorization: Bearer $WINDVE_API_KEY' in release.notes
 
     existing = render(chart, {"apiKey": {"existingSecret": "team-keys", "existingSecretKey": "windve"}})
-    assert not existing.all("Secret")
+    assert not existing.has("Secret", f"{FULLNAME}-api-key")
     reference = env_of(container(existing.server()))["WINDVE_API_KEY"]["valueFrom"]["secretKeyRef"]
     assert reference == {"name": "team-keys", "key": "windve"}
     assert "WINDVE_API_KEY" not in env_of(container(releases["default"].server()))
@@ -374,4 +316,5 @@ def test_notes_tell_how_to_call_embed(releases: dict[str, Release]) -> None:
     assert f"kubectl -n {NAMESPACE} port-forward service/{FULLNAME} 8080:8080" in notes
     assert "curl -s http://127.0.0.1:8080/embed" in notes
     assert '{"inputs": ["What is WindVE?"]}' in notes
-    assert f"logs -f job/{FULLNAME}-calibrate" in notes
+    assert "probes its queue depths for SLO 1 s at start (or takes a calibration published to Redis)" in notes
+    assert "Depth control is adaptive" in notes

@@ -6,9 +6,11 @@ Dockerfile to the real CLI parser, the chart and the torch build the tests run o
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import re
 import tomllib
+from pathlib import PurePosixPath
 
 from helm_render import REPO, Release, container, pod_spec
 
@@ -64,7 +66,7 @@ def test_chart_commands_parse_with_the_real_cli(releases: dict[str, Release]) ->
     parser = build_parser()
     release = releases["default"]
     assert parser.parse_args(container(release.server())["args"]).command == "serve"
-    job_args = container(release.job(), "calibrate")["args"]
+    job_args = container(releases["calibration-job"].job(), "calibrate")["args"]
     calibrate = [arg.replace("$(WINDVE_REDIS_URL)", "redis://r:6379/0") for arg in job_args]
     assert parser.parse_args(calibrate).command == "calibrate"
 
@@ -99,3 +101,31 @@ def test_cpu_variant_takes_the_cpu_wheel_and_cuda_the_pypi_one() -> None:
     pinned = ["pip", "install", '"torch==${TORCH_VERSION}"']
     assert arms["cpu"].split() == pinned + ["--index-url", "https://download.pytorch.org/whl/cpu"]
     assert arms["cuda"].split() == pinned
+
+
+def docker_ignored(path: str) -> bool:
+    """Whether .dockerignore keeps `path` (relative to the context) out of the build context.
+    Docker matches each pattern against the path and every folder above it."""
+    patterns = [line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()]
+    patterns = [pattern for pattern in patterns if pattern and not pattern.startswith("#")]
+    assert not any(pattern.startswith("!") for pattern in patterns), "exceptions are not modelled here"
+    parts = PurePosixPath(path).parts
+    candidates = ["/".join(parts[: end + 1]) for end in range(len(parts))]
+    return any(fnmatch.fnmatchcase(candidate, pattern) for candidate in candidates for pattern in patterns)
+
+
+def test_build_context_holds_what_pip_install_needs() -> None:
+    """`COPY . .` then `pip install .`: every package pyproject names (loadtest too: `windve
+    loadtest` runs in the image), its data files and the readme must reach the build."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    needed = ["pyproject.toml", project["project"]["readme"]]
+    for pattern in project["tool"]["setuptools"]["packages"]["find"]["include"]:
+        needed.append(pattern.rstrip("*"))
+    for package, globs in project["tool"]["setuptools"]["package-data"].items():
+        needed += [str(path.relative_to(REPO)) for glob in globs for path in (REPO / package).glob(glob)]
+    assert len(needed) > 7
+    for path in needed:
+        assert (REPO / path).exists(), path
+        assert not docker_ignored(path), f".dockerignore drops {path}, which `pip install .` needs"
+    for path in ("tests", "helm", ".venv", ".git", "docs", "windve/__pycache__"):
+        assert docker_ignored(path), path

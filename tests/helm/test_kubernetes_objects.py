@@ -11,7 +11,11 @@ import pytest
 from helm_render import SCENARIOS, Release
 
 # Custom resources have no schema in the core API; the render tests check them field by field.
-CUSTOM_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}
+CUSTOM_KINDS = {
+    ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("keda.sh/v1alpha1", "ScaledObject"),
+    ("gateway.networking.k8s.io/v1", "HTTPRoute"),
+}
 OLDEST_SUPPORTED = "1.25.0"  # Chart.yaml kubeVersion
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests.loadtest.png_check import check_png
 from tests.servers import ServerProcess, free_port, start_server
 
 REPO = Path(__file__).resolve().parents[2]
@@ -21,8 +22,8 @@ LOCUSTFILE = REPO / "loadtest" / "locustfile.py"
 DIMENSION = 384  # all-MiniLM-L6-v2
 STEP_KEYS = {
     "users", "queries_in_flight", "passed", "reason", "seconds", "requests", "served", "busy", "errors",
-    "busy_share", "slo_misses", "requests_per_second", "texts_per_second", "p50_ms", "p90_ms", "p99_ms",
-    "max_ms", "dimensions", "error_samples",
+    "busy_share", "slo_misses", "requests_per_second", "texts_per_second", "goodput_texts_per_second", "p50_ms",
+    "p90_ms", "p99_ms", "max_ms", "dimensions", "error_samples",
 }  # fmt: skip
 
 
@@ -62,6 +63,8 @@ def check_sweep_result(result: dict[str, Any], users: list[int]) -> None:
         share = step["busy"] / step["requests"] if step["requests"] else 0.0
         assert step["busy_share"] == pytest.approx(share, abs=1e-4)
         assert step["requests_per_second"] == pytest.approx(step["served"] / step["seconds"], rel=0.01, abs=0.01)
+        within_slo = (step["served"] - step["slo_misses"]) * settings["texts_per_request"]
+        assert step["goodput_texts_per_second"] == pytest.approx(within_slo / step["seconds"], rel=0.01, abs=0.01)
         if step["served"]:
             assert step["p50_ms"] <= step["p90_ms"] <= step["p99_ms"] <= step["max_ms"]
             assert step["dimensions"] == [DIMENSION], "every served answer was checked as a real embedding"
@@ -102,14 +105,26 @@ def test_sweep_finds_max_concurrency(loadtest_server: ServerProcess, tmp_path: P
     completed = sweep(
         ["-m", "loadtest.sweep"], loadtest_server.url, json_out,
         "--users", "1,2,4", "--step-seconds", "2", "--warmup-seconds", "0.5", "--slo", "5",
+        "--progress-seconds", "0.5",
     )  # fmt: skip
-    print(completed.stdout)
+    print(completed.stdout, completed.stderr)
     result = json.loads(json_out.read_text())
     check_sweep_result(result, users)
     assert result["max_users"] is not None, completed.stdout
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert f"max concurrency within the 5 s SLO: {result['max_users']} users" in completed.stdout
     assert all(step["errors"] == 0 for step in result["steps"]), result
+    # Progress while each step runs, on stderr: the warm-up, then counts every 0.5 s of the 2 s.
+    for step in result["steps"]:
+        lines = [line for line in completed.stderr.splitlines() if line.startswith(f"  users {step['users']}: ")]
+        assert "warm-up" in lines[0], completed.stderr
+        measured = [line for line in lines if " measured " in line]
+        assert len(measured) >= 2 and all(" served, " in line and " p99 " in line for line in measured), lines
+    assert "  users " not in completed.stdout  # stdout stays the table
+    # The picture, beside --json-out by default.
+    plot = json_out.with_suffix(".png")
+    check_png(plot)
+    assert f"wrote {plot}" in completed.stdout
 
 
 def test_busy_answers_are_counted_apart_from_errors(loadtest_server: ServerProcess, tmp_path: Path) -> None:
@@ -118,6 +133,7 @@ def test_busy_answers_are_counted_apart_from_errors(loadtest_server: ServerProce
     completed = sweep(
         ["-m", "windve.cli", "loadtest"], loadtest_server.url, json_out,
         "--users", "4", "--step-seconds", "2", "--warmup-seconds", "0.5", "--slo", "5", "--api", "openai",
+        "--plot", str(tmp_path / "crowded.png"),
     )  # fmt: skip
     print(completed.stdout)
     result = json.loads(json_out.read_text())
@@ -128,6 +144,8 @@ def test_busy_answers_are_counted_apart_from_errors(loadtest_server: ServerProce
     assert not crowded["passed"] and "BUSY" in crowded["reason"]
     assert result["max_users"] is None and completed.returncode == 1
     assert "BUSY" in completed.stdout and "errors" in completed.stdout
+    check_png(tmp_path / "crowded.png")  # --plot given: there, and not beside --json-out
+    assert not json_out.with_suffix(".png").exists()
 
 
 def test_sweep_refuses_to_start_without_a_ready_server(tmp_path: Path) -> None:

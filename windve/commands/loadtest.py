@@ -12,8 +12,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "loadtest",
         help="find the most concurrent users a server serves within an SLO (Locust sweep)",
         description="Run closed-loop Locust users at increasing counts against a running server "
-        "(loopback by default) and report, per step, throughput, BUSY share, errors and latency "
-        "percentiles, and the largest user count served with p99 <= SLO, no errors and no BUSY.",
+        "(loopback by default) and report, per step, throughput, goodput, BUSY share, errors and latency "
+        "percentiles, and the largest user count served with p99 <= SLO, no errors and no BUSY. "
+        "Progress goes to stderr while a step runs; --plot (or --json-out) also draws p99 and goodput "
+        "against the user count with the SLO line (PNG).",
     )
     add_sweep_arguments(parser)
 

@@ -298,6 +298,11 @@ class CpuWorkerInstance:
                     f"rank {process.rank} (pid {process.pid}) {process.describe_exit()} while {doing}"
                 )
 
+    @property
+    def failure(self) -> str | None:
+        """Why the instance is down (None while it runs)."""
+        return self._failure
+
     def silent_for(self) -> float:
         """Seconds since the quietest rank last beat (0 when not running)."""
         boards = self._boards

@@ -25,17 +25,19 @@ def process_usage(pid: int) -> tuple[int, float] | None:
 
 
 class EngineUsageCollector:
-    """windve_engine_rss_bytes and windve_engine_cpu_seconds_total per instance and rank."""
+    """windve_engine_rss_bytes and windve_engine_cpu_seconds_total per engine (instance name) and rank.
+
+    The label is `engine`, not `instance`: Prometheus keeps `instance` for the scraped target."""
 
     def __init__(self, processes: Callable[[], Iterable[tuple[str, int, int]]]) -> None:
         self._processes = processes  # () -> (instance name, rank, pid) of running engine processes
 
     def collect(self):
         rss = GaugeMetricFamily(
-            "windve_engine_rss_bytes", "Resident memory of an engine process", labels=["instance", "rank"]
+            "windve_engine_rss_bytes", "Resident memory of an engine process", labels=["engine", "rank"]
         )
         cpu = CounterMetricFamily(
-            "windve_engine_cpu_seconds", "CPU time of an engine process", labels=["instance", "rank"]
+            "windve_engine_cpu_seconds", "CPU time of an engine process", labels=["engine", "rank"]
         )
         for name, rank, pid in self._processes():
             usage = process_usage(pid)

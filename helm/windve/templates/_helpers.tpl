@@ -64,8 +64,41 @@ app.kubernetes.io/part-of: windve
 {{- end }}
 {{- end }}
 
+{{/* The calibration Job runs before the release's objects exist (pre-install), so it
+publishes only to a Redis that is already there: an external one. _validate.tpl refuses
+calibration.enabled with any other Redis, so this is true exactly when it is enabled. */}}
 {{- define "windve.calibrationEnabled" -}}
-{{- if and .Values.calibration.enabled (include "windve.redisMode" .) }}true{{ end }}
+{{- if and .Values.calibration.enabled (has (include "windve.redisMode" .) (list "url" "secret")) }}true{{ end }}
+{{- end }}
+
+{{- define "windve.calibrationConfigName" -}}
+{{- printf "%s-calibration" (include "windve.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The settings file (WINDVE_CONFIG), shared by the server's ConfigMap and the Job's. */}}
+{{- define "windve.configFile" -}}
+config.yaml: |
+  {{- toYaml .Values.config | nindent 2 }}
+{{- end }}
+
+{{/* Pod annotation that rolls the pods reading the Redis password when a given one changes
+(a generated one never does: upgrades keep it). Empty otherwise. */}}
+{{- define "windve.redisAuthChecksum" -}}
+{{- if and .Values.redis.enabled .Values.redis.auth.password }}
+checksum/redis-auth: {{ .Values.redis.auth.password | sha256sum }}
+{{- end }}
+{{- end }}
+
+{{/* The chart's Redis password: the one given, else the one already in the release's
+Secret (lookup, so upgrades keep it; empty offline, as in `helm template`), else new. */}}
+{{- define "windve.redisPassword" -}}
+{{- if .Values.redis.auth.password }}
+{{- .Values.redis.auth.password }}
+{{- else }}
+{{- $existing := lookup "v1" "Secret" .Release.Namespace (include "windve.redisName" .) }}
+{{- $kept := dig "data" "redis-password" "" $existing }}
+{{- if $kept }}{{ b64dec $kept }}{{ else }}{{ randAlphaNum 32 }}{{ end }}
+{{- end }}
 {{- end }}
 
 {{- define "windve.apiKeySecret" -}}
@@ -124,8 +157,12 @@ the chart owns. Everything else comes from the ConfigMap file (WINDVE_CONFIG). *
   value: {{ .Values.model.trustRemoteCode | quote }}
 {{- $redis := include "windve.redisMode" . }}
 {{- if eq $redis "internal" }}
+# The URL holds the password: it comes from the chart's Redis Secret, never the pod spec.
 - name: WINDVE_REDIS_URL
-  value: {{ printf "redis://%s:6379/0" (include "windve.redisName" .) | quote }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "windve.redisName" . }}
+      key: redis-url
 {{- else if eq $redis "secret" }}
 - name: WINDVE_REDIS_URL
   valueFrom:
@@ -161,10 +198,12 @@ the chart owns. Everything else comes from the ConfigMap file (WINDVE_CONFIG). *
 {{- end }}
 {{- end }}
 
+{{/* Call with (dict "ctx" $ "configMap" name): the Job mounts its own copy of the settings. */}}
 {{- define "windve.volumes" -}}
+{{- with .ctx }}
 - name: config
   configMap:
-    name: {{ include "windve.fullname" . }}
+    name: {{ $.configMap }}
 - name: cache
   emptyDir:
     sizeLimit: {{ .Values.cache.sizeLimit }}
@@ -181,6 +220,7 @@ the chart owns. Everything else comes from the ConfigMap file (WINDVE_CONFIG). *
 {{- end }}
 {{- with .Values.extraVolumes }}
 {{ toYaml . }}
+{{- end }}
 {{- end }}
 {{- end }}
 
@@ -200,6 +240,9 @@ tolerations:
 {{- end }}
 {{- with .Values.priorityClassName }}
 priorityClassName: {{ . }}
+{{- end }}
+{{- with .Values.runtimeClassName }}
+runtimeClassName: {{ . }}
 {{- end }}
 {{- with .Values.imagePullSecrets }}
 imagePullSecrets:

@@ -12,5 +12,19 @@ from the ConfigMap, which every release renders. */}}
 {{- if and (eq (toString .Values.config.cpu_layout) "explicit") (not .Values.config.plan) }}
 {{- fail "config.cpu_layout=explicit needs a config.plan list" }}
 {{- end }}
-{{- $_ := include "windve.redisMode" . }}
+{{- $redis := include "windve.redisMode" . }}
+{{- if and .Values.calibration.enabled (not (has $redis (list "url" "secret"))) }}
+{{- fail "calibration.enabled runs the calibration Job before the release's objects exist (pre-install, while the accelerator is still free), so it needs a Redis that already exists: set redis.enabled=false with redis.externalUrl or redis.externalUrlSecret, or leave calibration off and let each pod probe its depths at start (config.depth_control=adaptive)" }}
+{{- end }}
+{{- if and .Values.httpRoute.enabled (not .Values.httpRoute.parentRefs) }}
+{{- fail "httpRoute.enabled needs httpRoute.parentRefs, the Gateway (and listener) the route attaches to" }}
+{{- end }}
+{{- if and .Values.autoscaling.enabled .Values.autoscaling.keda.enabled }}
+{{- if not .Values.autoscaling.queueOccupancy.enabled }}
+{{- fail "autoscaling.keda scales on queue occupancy: set autoscaling.queueOccupancy.enabled=true, or use the HPA's CPU fallback (autoscaling.keda.enabled=false)" }}
+{{- end }}
+{{- if not .Values.autoscaling.keda.serverAddress }}
+{{- fail "autoscaling.keda.enabled needs autoscaling.keda.serverAddress, the URL of the Prometheus that scrapes windve" }}
+{{- end }}
+{{- end }}
 {{- end }}
