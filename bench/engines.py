@@ -4,7 +4,9 @@
 of this machine. Each cell is the best of `--repeats` timed passes over `--queries` queries,
 after one untimed pass (kernels meet the shapes first).
 
-    python bench/engines.py [--queries 256] [--repeats 3] [--batches 1,8,32,128]
+    python bench/engines.py [--queries 256] [--repeats 3] [--batches 1,8,32,128] [--model DIR]
+
+`--model` takes a model folder, e.g. one of bench/make_encoder.py's random-weight shapes.
 """
 
 from __future__ import annotations
@@ -44,10 +46,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--batches", default="1,8,32,128")
     parser.add_argument("--tokens", type=int, default=75)
+    parser.add_argument("--model", default=None, help="model folder (default: the bundled all-MiniLM-L6-v2)")
     args = parser.parse_args()
     sizes = [int(size) for size in args.batches.split(",")]
 
-    spec = load_model_spec()
+    spec = load_model_spec(args.model)
     tokenizer = TextTokenizer(spec)
     texts = [f"{i} " + tokenizer.text_of_tokens(args.tokens - 1) for i in range(args.queries)]
     sequences = tokenizer.encode(texts, truncate=True)

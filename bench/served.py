@@ -1,28 +1,46 @@
-"""Served throughput and tail latency, WindVE beside its peers, in one run, measured with wrk.
+"""The engine's ceiling, then the served service under wrk: throughput, overload, pool isolation. One run.
 
-Closed loop, one 75-token text per request, `wrk -t1 -c C` for each concurrency C, each server
-alone on the machine while it is measured (the load generator shares the cores: wrk is cheap,
-but its share is not zero). Peers:
-- naive: FastAPI + sentence-transformers (bench/peers/naive_st_server.py), TEI /embed shape;
-- infinity: `infinity_emb v2` (OpenAI /embeddings shape), when `--infinity-bin` is given.
+    python bench/served.py [--model DIR] [--seconds 10] [--clients 64,256,1024,4096]
+                           [--sections engine,served,overload,isolation] [--config FILE]
+                           [--extra-serve-args "..."] [--peers naive,infinity --infinity-bin PATH]
 
-    python bench/served.py [--clients 1,8,16,32,64] [--seconds 15] [--infinity-bin PATH/infinity_emb]
+Sections (bench/SERVED.md says more):
+- engine: the torch engine in this process on the accelerator when torch sees one (CUDA), else
+  the CPU: queries/s at batch 32, 128 and 512 of 75-token queries, no HTTP, no queue;
+- served: `windve serve` (embedding cache off) under `wrk -t2 -cC --latency` for each C, one
+  75-token text per request drawn in turn from 256 distinct texts: answers/s, 200s/s, p50/p99,
+  non-2xx;
+- overload: 2x and 10x the service's total depth (GET /info) in clients, wrk asking again at once
+  after every answer, 429s included: goodput (200s/s) and its ratio to the served section's peak,
+  the 429s, and the worst latency of GET /health polled meanwhile from another thread;
+- isolation: the accelerator pool's admissions per second (windve_pool_dispatched_queries_total,
+  read from /metrics while the load runs) with the CPU pool idle (clients = the accelerator
+  pool's depth), full (= the total depth) and saturated by overflow (far past it, 429s too),
+  and the ratios to the idle rate. Without an accelerator pool (a CPU-only machine on the
+  automatic plan) it is skipped; an explicit plan given with --config can put a CPU engine in
+  the accelerator pool.
+- peers (only with --peers): each peer alone, at the served section's client counts.
 
-Needs Debian's `wrk`. Prints req/s, p50/p99 and non-2xx answers per server and concurrency, and
-per server the largest concurrency whose p99 stayed under the SLO with every answer a 200.
+Needs Debian's `wrk`. Latencies are wrk's, over every answer whatever its status (see
+bench/wrk_embed.lua for the bound on the 200s' own p99).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
+import random
 import re
+import resource
+import shlex
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -30,48 +48,193 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from tests.servers import free_port  # noqa: E402
-from windve.model import load_model_spec  # noqa: E402
-from windve.tokenizer import TextTokenizer  # noqa: E402
+from windve.model import ModelSpec, load_model_spec  # noqa: E402
+from windve.tokenizer import FILLER_TEXT, TextTokenizer  # noqa: E402
 
-LUA = """
-wrk.method = "POST"
-wrk.path = "{path}"
-wrk.headers["Content-Type"] = "application/json"
-wrk.body = {body}
-done = function(summary, latency, requests)
-  io.write(string.format("RESULT rps=%.2f ok_rps=%.2f p50=%.2f p99=%.2f non2xx=%d sockerr=%d\\n",
-    summary.requests / (summary.duration / 1e6), (summary.requests - summary.errors.status) / (summary.duration / 1e6),
-    latency:percentile(50) / 1000, latency:percentile(99) / 1000,
-    summary.errors.status,
-    summary.errors.connect + summary.errors.read + summary.errors.write + summary.errors.timeout))
-end
-"""
+SECTIONS = ("engine", "served", "overload", "isolation")
+WRK_SCRIPT = ROOT / "bench" / "wrk_embed.lua"
+RESULT = re.compile(r"^RESULT (.*)$", re.MULTILINE)
+DISPATCHED = re.compile(r'^windve_pool_dispatched_queries_total\{pool="([^"]+)"\} ([0-9.eE+-]+)$', re.MULTILINE)
+START_TIMEOUT = 900.0  # a big model on a slow disk, CUDA graphs, a calibration probe
 
 
-def lua_string(text: str) -> str:
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+# ---- inputs ----------------------------------------------------------------------------
 
 
-def start(command: list[str], port: int, health: str, env: dict | None = None) -> subprocess.Popen:
-    log = open(Path(tempfile.gettempdir()) / f"served-{port}.log", "wb")
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=os.environ | (env or {}))
-    deadline = time.monotonic() + 300
+def distinct_texts(tokenizer: TextTokenizer, count: int, tokens: int, seed: int = 0) -> list[str]:
+    """`count` different natural-looking texts, each exactly `tokens` ids long (special tokens included).
+
+    Each starts at its own place in the filler text, with a few words swapped, cut to the longest
+    word prefix that fits and padded with single-token words, as TextTokenizer.text_of_tokens does.
+    """
+    words = FILLER_TEXT.split()
+    rng = random.Random(seed)
+    texts: list[str] = []
+    seen: set[str] = set()
+    while len(texts) < count:
+        start = rng.randrange(len(words))
+        candidate = (words[start:] + words[:start]) * (2 + tokens // 40)
+        for _ in range(4):
+            a, b = rng.randrange(tokens // 2), rng.randrange(tokens // 2)
+            candidate[a], candidate[b] = candidate[b], candidate[a]
+        text = _fit(tokenizer, candidate, tokens)
+        if text not in seen:
+            seen.add(text)
+            texts.append(text)
+    lengths = {len(ids) for ids in tokenizer.encode(texts, truncate=False)}
+    if lengths != {tokens}:
+        raise RuntimeError(f"texts of {sorted(lengths)} tokens built, {tokens} wanted")
+    return texts
+
+
+def _fit(tokenizer: TextTokenizer, words: list[str], tokens: int) -> str:
+    def length(text: str) -> int:
+        return tokenizer.count_tokens([text], add_special_tokens=True, stop_above=1 << 30)
+
+    low, high = 0, len(words)
+    while low < high:
+        mid = (low + high + 1) // 2
+        if length(" ".join(words[:mid])) <= tokens:
+            low = mid
+        else:
+            high = mid - 1
+    text = " ".join(words[:low])
+    while length(text) < tokens:
+        text += " a"
+    return text
+
+
+def write_bodies(texts: list[str], shape: str, model_name: str) -> Path:
+    """One JSON body per line, for bench/wrk_embed.lua: TEI's /embed shape or OpenAI's /embeddings."""
+    path = Path(tempfile.gettempdir()) / f"served-bodies-{os.getpid()}-{shape}.jsonl"
+    if shape == "tei":
+        lines = [json.dumps({"inputs": text}) for text in texts]
+    else:
+        lines = [json.dumps({"input": [text], "model": model_name}) for text in texts]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+# ---- output ----------------------------------------------------------------------------
+
+
+class Table:
+    """Fixed-width columns, printed row by row as results come."""
+
+    def __init__(self, title: str, columns: list[tuple[str, int]]) -> None:
+        self.columns = columns
+        print(f"\n== {title}", flush=True)
+        print(" ".join(f"{name:>{width}}" for name, width in columns), flush=True)
+
+    def row(self, *values: object) -> None:
+        cells = []
+        for value, (_, width) in zip(values, self.columns):
+            if isinstance(value, float):
+                text = f"{value:.1f}"
+            elif value is None:
+                text = "-"
+            else:
+                text = str(value)
+            cells.append(f"{text:>{width}}")
+        print(" ".join(cells), flush=True)
+
+
+def ms(value: float | None) -> float | None:
+    return None if value is None or value < 0 else value
+
+
+# ---- section a: the engine in this process ----------------------------------------------
+
+
+def engine_ceiling(spec: ModelSpec, tokenizer: TextTokenizer, texts: list[str], args: argparse.Namespace) -> list:
+    import torch
+
+    from windve.engines import create_engine, pad_batch
+
+    cuda = torch.cuda.is_available()
+    device = "cuda:0" if cuda else "cpu"
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize()
+
+    engine = create_engine(spec, "torch", device, args.dtype)
+    where = torch.cuda.get_device_name(0) if cuda else f"CPU, {torch.get_num_threads()} torch threads"
+    table = Table(
+        f"engine: torch {engine.dtype} on {device} ({where}), in process, {args.tokens}-token queries",
+        [("batch", 6), ("passes", 7), ("ms/batch", 10), ("queries/s", 10)],
+    )
+    sequences = tokenizer.encode(texts, truncate=False)
+    rows = []
+    for size in [int(b) for b in args.engine_batches.split(",")]:
+        ids, mask = pad_batch([sequences[i % len(sequences)] for i in range(size)])
+        for _ in range(args.engine_warmup):
+            engine.embed(ids, mask)
+        sync()
+        passes = 0
+        started = time.perf_counter()
+        elapsed = 0.0
+        while passes < args.engine_repeats or elapsed < args.engine_min_seconds:
+            engine.embed(ids, mask)
+            sync()
+            passes += 1
+            elapsed = time.perf_counter() - started
+        rate = size * passes / elapsed
+        rows.append({"batch": size, "passes": passes, "ms_per_batch": 1000 * elapsed / passes, "qps": rate})
+        table.row(size, passes, 1000 * elapsed / passes, rate)
+    del engine
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
+    return rows
+
+
+# ---- servers and wrk ---------------------------------------------------------------------
+
+
+def start(command: list[str], port: int, health: str, env: dict, name: str) -> subprocess.Popen:
+    log_path = Path(tempfile.gettempdir()) / f"served-{name}-{port}.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=os.environ | env)
+    process.log_path = log_path  # type: ignore[attr-defined]
+    deadline = time.monotonic() + START_TIMEOUT
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"{command[:3]} exited; see {log.name}")
+            tail = log_path.read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"{name} exited with {process.returncode} before answering {health}; "
+                               f"{log_path} ends with:\n{tail}")
         try:
             if httpx.get(f"http://127.0.0.1:{port}{health}", timeout=2).status_code == 200:
                 return process
         except httpx.HTTPError:
             pass
         time.sleep(0.5)
-    process.kill()
-    raise TimeoutError(f"{command[:3]} did not become healthy")
+    stop(process)
+    raise TimeoutError(f"{name} did not answer {health} with 200 in {START_TIMEOUT:g} s; see {log_path}")
 
 
-def wait_until_idle(port: int, timeout: float = 60.0) -> None:
+def stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def get_info(port: int) -> dict:
+    return httpx.get(f"http://127.0.0.1:{port}/info", timeout=30).json()
+
+
+def pool_depths(port: int) -> dict[str, int]:
+    return {pool["name"]: int(pool["depth"]) for pool in get_info(port).get("pools", [])}
+
+
+def wait_until_idle(port: int, timeout: float = 120.0) -> None:
     """Until WindVE's /info shows no query in flight.
 
     wrk closes its connections when a run ends; queries already in a running batch still hold
@@ -80,97 +243,346 @@ def wait_until_idle(port: int, timeout: float = 60.0) -> None:
     """
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        pools = httpx.get(f"http://127.0.0.1:{port}/info", timeout=5).json().get("pools", [])
+        pools = get_info(port).get("pools", [])
         if all(pool["in_flight"] == 0 for pool in pools):
             return
         time.sleep(0.05)
     raise TimeoutError(f"queries still in flight on port {port} after {timeout:g} s")
 
 
-def run_wrk(port: int, script: Path, clients: int, seconds: int) -> dict:
-    output = subprocess.run(
-        ["wrk", "-t1", f"-c{clients}", f"-d{seconds}s", "--timeout", "10s", "-s", str(script), f"http://127.0.0.1:{port}"],
-        capture_output=True, text=True, check=True,
-    ).stdout
-    match = re.search(
-        r"RESULT rps=([\d.]+) ok_rps=([\d.]+) p50=([\d.]+) p99=([\d.]+) non2xx=(\d+) sockerr=(\d+)", output
-    )
-    rps, ok_rps, p50, p99, non2xx, sockerr = match.groups()
+def dispatched(port: int) -> tuple[float, dict[str, float]]:
+    """(when, per pool queries admitted so far): the counter read at about the middle of the GET."""
+    sent = time.monotonic()
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
+    return (sent + time.monotonic()) / 2, {pool: float(value) for pool, value in DISPATCHED.findall(text)}
+
+
+def start_wrk(port: int, bodies: Path, path: str, clients: int, seconds: float,
+              args: argparse.Namespace) -> tuple[subprocess.Popen, int]:
+    threads = max(1, min(args.wrk_threads, clients))
+    command = [
+        "wrk", f"-t{threads}", f"-c{clients}", f"-d{max(1, round(seconds))}s", "--latency",
+        "--timeout", f"{args.wrk_timeout}s", "-s", str(WRK_SCRIPT), f"http://127.0.0.1:{port}", "--", str(bodies), path,
+    ]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return process, (clients // threads) * threads  # wrk gives each thread clients // threads connections
+
+
+def finish_wrk(process: subprocess.Popen, clients: int) -> dict:
+    stdout, stderr = process.communicate()
+    match = RESULT.search(stdout)
+    if process.returncode != 0 or match is None:
+        raise RuntimeError(f"wrk failed ({process.returncode}): {stdout[-2000:]} {stderr[-2000:]}")
+    raw = dict(item.split("=") for item in match.group(1).split())
+    seconds_run = float(raw["seconds"])
+    ok, busy, other = int(raw["ok"]), int(raw["busy"]), int(raw["other"])
     return {
-        "rps": float(rps), "ok_rps": float(ok_rps), "p50_ms": float(p50), "p99_ms": float(p99),
-        "non2xx": int(non2xx), "socket_errors": int(sockerr),
+        "clients": clients,
+        "seconds": seconds_run,
+        "answers": int(raw["requests"]),
+        "rps": int(raw["requests"]) / seconds_run,
+        "ok_rps": ok / seconds_run,
+        "ok": ok,
+        "busy": busy,
+        "other": other,
+        "non2xx": busy + other,
+        "p50_ms": float(raw["p50"]),
+        "p90_ms": float(raw["p90"]),
+        "p99_ms": float(raw["p99"]),
+        "max_ms": float(raw["max"]),
+        "p99_ok_bound_ms": float(raw["p99_ok_bound"]),
+        "socket_errors": sum(int(raw[key]) for key in ("connect", "read", "write", "timeout")),
     }
+
+
+def run_wrk(port: int, bodies: Path, path: str, clients: int, seconds: float, args: argparse.Namespace) -> dict:
+    return finish_wrk(*start_wrk(port, bodies, path, clients, seconds, args))
+
+
+class HealthPoller(threading.Thread):
+    """GET /health in a loop (one keep-alive connection), recording each answer's latency."""
+
+    def __init__(self, port: int, interval: float) -> None:
+        super().__init__(daemon=True)
+        self.url = f"http://127.0.0.1:{port}/health"
+        self.interval = interval
+        self.latencies: list[float] = []
+        self.failures = 0  # non-200 answers and transport errors
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        with httpx.Client(timeout=30) as client:
+            while not self._halt.is_set():
+                started = time.perf_counter()
+                try:
+                    status = client.get(self.url).status_code
+                except httpx.HTTPError:
+                    status = None
+                self.latencies.append(time.perf_counter() - started)
+                if status != 200:
+                    self.failures += 1
+                self._halt.wait(self.interval)
+
+    def finish(self) -> dict:
+        self._halt.set()
+        self.join()
+        ordered = sorted(self.latencies)
+        return {
+            "polls": len(ordered),
+            "failures": self.failures,
+            "max_ms": 1000 * ordered[-1] if ordered else None,
+            "p99_ms": 1000 * ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] if ordered else None,
+        }
+
+
+# ---- sections b, c, d: the served service -------------------------------------------------
+
+SERVED_COLUMNS = [
+    ("clients", 7), ("answers/s", 9), ("200s/s", 8), ("p50 ms", 8), ("p99 ms", 8), ("p99 200s<=", 10),
+    ("non-2xx", 8), ("429s", 8), ("sock err", 8),
+]
+
+
+def served_row(table: Table, row: dict) -> None:
+    table.row(row["clients"], row["rps"], row["ok_rps"], row["p50_ms"], row["p99_ms"], ms(row["p99_ok_bound_ms"]),
+              row["non2xx"], row["busy"], row["socket_errors"])
+
+
+def served(port: int, bodies: Path, path: str, clients: list[int], args: argparse.Namespace, name: str,
+           windve: bool) -> list[dict]:
+    table = Table(f"served: {name}, {args.seconds:g} s per level, wrk closed loop, one {args.tokens}-token text "
+                  "per request (p99 200s<=: bound on the 200s' own p99, bench/wrk_embed.lua)", SERVED_COLUMNS)
+    rows = []
+    for c in clients:
+        if windve:
+            wait_until_idle(port)
+        row = run_wrk(port, bodies, path, c, args.seconds, args)
+        rows.append(row)
+        served_row(table, row)
+    return rows
+
+
+def overload(port: int, bodies: Path, peak: float | None, args: argparse.Namespace) -> list[dict]:
+    depths = pool_depths(port)
+    total = sum(depths.values())
+    shown = ", ".join(f"{name} {depth}" for name, depth in depths.items())
+    table = Table(
+        f"overload: total depth {total} ({shown}); wrk asks again at once after every answer, 429s included; "
+        f"GET /health polled every {args.health_interval * 1000:g} ms meanwhile",
+        [("x depth", 7), ("clients", 7), ("answers/s", 9), ("200s/s", 8), ("goodput/peak", 12), ("p99 ms", 8),
+         ("p99 200s<=", 10), ("429s", 8), ("other", 6), ("sock err", 8), ("health max ms", 13),
+         ("polls", 6), ("health!=200", 11)],
+    )
+    rows = []
+    for factor in [float(f) for f in args.overload_factors.split(",")]:
+        wait_until_idle(port)
+        poller = HealthPoller(port, args.health_interval)
+        poller.start()
+        try:
+            row = run_wrk(port, bodies, "/embed", max(1, round(factor * total)), args.seconds, args)
+        finally:
+            health = poller.finish()
+        row |= {"factor": factor, "total_depth": total, "depths": depths, "health": health,
+                "goodput_over_peak": row["ok_rps"] / peak if peak else None}
+        rows.append(row)
+        table.row(f"{factor:g}x", row["clients"], row["rps"], row["ok_rps"],
+                  f"{row['goodput_over_peak']:.2f}" if peak else "n/a", row["p99_ms"], ms(row["p99_ok_bound_ms"]),
+                  row["busy"], row["other"], row["socket_errors"], health["max_ms"], health["polls"],
+                  health["failures"])
+    if not peak:
+        print("  goodput/peak: n/a, the served section did not run (add it to --sections)")
+    return rows
+
+
+def isolation(port: int, bodies: Path, args: argparse.Namespace) -> dict | None:
+    depths = pool_depths(port)
+    if "accelerator" not in depths:
+        print("\n== isolation\nno accelerator pool: skipped (a CPU-only machine has one only with an explicit plan: "
+              "--config FILE, see bench/SERVED.md)", flush=True)
+        return None
+    accelerator = depths["accelerator"]
+    total = sum(depths.values())
+    # Idle: the accelerator pool's depth in clients, no overflow. Full: the total depth, the CPU pool
+    # busy but nobody turned away. Saturated: far past it, the CPU pool full and the front end
+    # answering 429s besides (on a small host both take CPU time from the accelerator's feeding).
+    loads = [
+        ("CPU pool idle", accelerator),
+        ("CPU pool full", total),
+        ("CPU pool saturated", max(round(args.saturate_factor * total), total + accelerator)),
+    ]
+    table = Table(
+        f"isolation: accelerator pool's admissions/s (windve_pool_dispatched_queries_total), counted over "
+        f"{args.seconds:g} s after {args.isolation_settle:g} s of load; "
+        f"depths {', '.join(f'{name} {depth}' for name, depth in depths.items())}",
+        [("load", 18), ("clients", 7), ("accel q/s", 10), ("cpu q/s", 8), ("200s/s", 8), ("p99 ms", 8),
+         ("429s", 8), ("accel depth after", 17)],
+    )
+    rows = {}
+    for label, clients in loads:
+        wait_until_idle(port)
+        # Counted from `settle` s into the run, not over the burst that first fills the queues, and
+        # ended 2 s before wrk stops, so that a slow GET /metrics still reads the counters under load.
+        process, clients = start_wrk(port, bodies, "/embed", clients, args.isolation_settle + args.seconds + 2, args)
+        time.sleep(args.isolation_settle)
+        started, before = dispatched(port)
+        time.sleep(max(0.0, started + args.seconds - time.monotonic()))
+        ended, after = dispatched(port)
+        row = finish_wrk(process, clients)
+        rates = {pool: (after.get(pool, 0.0) - before.get(pool, 0.0)) / (ended - started) for pool in after}
+        row |= {"dispatched_per_s": rates, "counted_seconds": ended - started, "depths_after": pool_depths(port)}
+        rows[label] = row
+        table.row(label, row["clients"], rates.get("accelerator"), rates.get("cpu"), row["ok_rps"], row["p99_ms"],
+                  row["busy"], row["depths_after"].get("accelerator"))
+    idle = rows["CPU pool idle"]["dispatched_per_s"].get("accelerator") or 0.0
+    ratios = {}
+    for label in ("CPU pool full", "CPU pool saturated"):
+        rate = rows[label]["dispatched_per_s"].get("accelerator") or 0.0
+        ratios[label] = rate / idle if idle else None
+        print(f"  accelerator pool's admissions/s, {label} / CPU pool idle: {rate:.1f} / {idle:.1f} = "
+              + (f"{ratios[label]:.3f}" if idle else "n/a (nothing admitted in the idle run)"))
+    return {"rows": rows, "ratio_full": ratios["CPU pool full"], "ratio_saturated": ratios["CPU pool saturated"]}
+
+
+def windve_command(port: int, args: argparse.Namespace) -> list[str]:
+    command = [sys.executable, "-m", "windve.commands.serve", "--host", "127.0.0.1", "--port", str(port)]
+    if args.model:
+        command += ["--model", args.model]
+    if args.config:
+        command += ["--config", args.config]
+    return command + shlex.split(args.extra_serve_args)
+
+
+def run_windve(bodies: Path, clients: list[int], sections: set[str], args: argparse.Namespace) -> dict:
+    port = args.port or free_port()
+    results: dict = {}
+    process = start(windve_command(port, args), port, "/health", {"HF_HUB_OFFLINE": "1", "WINDVE_CACHE_SIZE": "0"},
+                    "windve")
+    try:
+        info = get_info(port)
+        plan = ", ".join(
+            f"{pool['name']} depth {pool['depth']} ({len(pool.get('instances', []))} instances)"
+            for pool in info.get("pools", [])
+        )
+        print(f"\nwindve serve on port {port} (log {process.log_path}): model {info.get('model_id')}, "
+              f"{info.get('model_dtype')}; pools: {plan}", flush=True)
+        run_wrk(port, bodies, "/embed", 4, args.warmup_seconds, args)  # warm-up, not reported
+        if "served" in sections:
+            results["served"] = served(port, bodies, "/embed", clients, args, "windve", windve=True)
+        if "overload" in sections:
+            peak = max((row["ok_rps"] for row in results.get("served", [])), default=None)
+            results["overload"] = overload(port, bodies, peak, args)
+        if "isolation" in sections:
+            results["isolation"] = isolation(port, bodies, args)
+    finally:
+        stop(process)
+    return results
+
+
+def run_peers(spec: ModelSpec, texts: list[str], clients: list[int], args: argparse.Namespace) -> dict:
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = args.model or str(spec.path)
+    peers = {
+        "naive": ([sys.executable, str(ROOT / "bench/peers/naive_st_server.py"), "--model", model,
+                   "--device", device], "/embed", "tei"),
+    }
+    if args.infinity_bin:
+        peers["infinity"] = ([args.infinity_bin, "v2", "--model-id", model, "--host", "127.0.0.1", "--engine", "torch",
+                              "--device", device, "--no-model-warmup"], "/embeddings", "openai")
+    results = {}
+    for name in [name.strip() for name in args.peers.split(",") if name.strip()]:
+        if name not in peers:
+            print(f"\npeer {name}: skipped ({'give --infinity-bin' if name == 'infinity' else 'unknown'})")
+            continue
+        command, path, shape = peers[name]
+        port = free_port()
+        bodies = write_bodies(texts, shape, model)
+        process = start(command + ["--port", str(port)], port, "/health", {"HF_HUB_OFFLINE": "1"}, name)
+        try:
+            run_wrk(port, bodies, path, 4, args.warmup_seconds, args)
+            results[name] = served(port, bodies, path, clients, args, name, windve=False)
+        finally:
+            stop(process)
+    return results
+
+
+def slo_summary(by_server: dict[str, list[dict]], slo: float) -> None:
+    print(f"\nlargest concurrency with p99 <= {slo:g} s and only 200s, and the peak of 200s per second:")
+    for name, rows in by_server.items():
+        within = [
+            r["clients"] for r in rows
+            if r["ok"] > 0 and r["p99_ms"] <= slo * 1000 and r["non2xx"] == 0 and r["socket_errors"] == 0
+        ]
+        peak = max(r["ok_rps"] for r in rows)
+        print(f"  {name:>8}: {max(within) if within else 'none'} clients; peak {peak:.1f} 200s/s")
+
+
+def raise_open_files(needed: int) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # wrk and the servers inherit it
+    if hard < needed:
+        print(f"warning: {needed} connections wanted, the open-file limit is {hard}: wrk will fail to connect some")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--clients", default="1,8,16,32,64")
-    parser.add_argument("--seconds", type=int, default=15)
-    parser.add_argument("--slo", type=float, default=1.0)
-    parser.add_argument("--infinity-bin", default=None)
-    parser.add_argument("--servers", default="windve,naive,infinity")
+    parser.add_argument("--model", default=None, help="model folder (default: the bundled all-MiniLM-L6-v2)")
+    parser.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated, of {', '.join(SECTIONS)}")
+    parser.add_argument("--seconds", type=int, default=10, help="per wrk run")
+    parser.add_argument("--clients", default="64,256,1024,4096", help="served section's wrk connections")
+    parser.add_argument("--port", type=int, default=None, help="windve serve's port (default: a free one)")
+    parser.add_argument("--config", default=None, help="settings file passed to windve serve --config")
+    parser.add_argument("--extra-serve-args", default="", help='more windve serve flags, e.g. "--depth-control static"')
+    parser.add_argument("--tokens", type=int, default=75)
+    parser.add_argument("--texts", type=int, default=256, help="distinct texts the requests cycle through")
+    parser.add_argument("--dtype", default="auto", help="engine section's dtype (auto: as windve serve picks)")
+    parser.add_argument("--engine-batches", default="32,128,512")
+    parser.add_argument("--engine-repeats", type=int, default=3, help="timed passes per batch, at least")
+    parser.add_argument("--engine-min-seconds", type=float, default=1.0, help="timed seconds per batch, at least")
+    parser.add_argument("--engine-warmup", type=int, default=2, help="untimed passes per batch")
+    parser.add_argument("--overload-factors", default="2,10", help="clients as multiples of the total depth")
+    parser.add_argument("--saturate-factor", type=float, default=4.0,
+                        help="isolation: clients as a multiple of the total depth for the saturated run")
+    parser.add_argument("--isolation-settle", type=float, default=2.0,
+                        help="isolation: seconds of load before the admissions are counted")
+    parser.add_argument("--health-interval", type=float, default=0.05, help="seconds between /health polls")
+    parser.add_argument("--warmup-seconds", type=float, default=3)
+    parser.add_argument("--wrk-threads", type=int, default=2)
+    parser.add_argument("--wrk-timeout", type=int, default=30, help="seconds before wrk counts a request timed out")
+    parser.add_argument("--peers", default="", help="also measure peers at --clients: naive, infinity")
+    parser.add_argument("--infinity-bin", default=None, help="infinity_emb executable, for --peers infinity")
+    parser.add_argument("--slo", type=float, default=1.0, help="seconds, for the served section's summary")
     parser.add_argument("--json-out", default=None)
     args = parser.parse_args()
-    if shutil.which("wrk") is None:
+
+    sections = {name.strip() for name in args.sections.split(",") if name.strip()}
+    if sections - set(SECTIONS):
+        parser.error(f"unknown sections {sorted(sections - set(SECTIONS))}; known: {', '.join(SECTIONS)}")
+    if (sections - {"engine"} or args.peers) and shutil.which("wrk") is None:
         sys.exit("wrk is needed: apt-get install wrk")
     clients = [int(c) for c in args.clients.split(",")]
-    spec = load_model_spec()
-    text = TextTokenizer(spec).text_of_tokens(75)
-    tei_body = lua_string(json.dumps({"inputs": text}))
-    openai_body = lua_string(json.dumps({"input": [text], "model": str(spec.path)}))
-    env = {"HF_HUB_OFFLINE": "1"}
-    servers = {
-        "windve": (lambda p: [sys.executable, "-m", "windve.commands.serve", "--port", str(p), "--cache-size", "0"],
-                   "/embed", tei_body, "/health"),
-        "naive": (lambda p: [sys.executable, str(ROOT / "bench/peers/naive_st_server.py"), "--port", str(p)],
-                  "/embed", tei_body, "/health"),
-    }
-    if args.infinity_bin:
-        servers["infinity"] = (
-            lambda p: [args.infinity_bin, "v2", "--model-id", str(spec.path), "--port", str(p), "--host", "127.0.0.1",
-                       "--engine", "torch", "--device", "cpu", "--no-model-warmup"],
-            "/embeddings", openai_body, "/health",
-        )
-    wanted = [name for name in args.servers.split(",") if name in servers]
-    results: dict[str, list[dict]] = {}
-    # req/s counts every answer, a BUSY (429) too; 200/s only the embeddings served.
-    print(f"{'server':>8} {'clients':>7} {'req/s':>8} {'200/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'non-2xx':>8} "
-          f"{'sock err':>8}")
-    for name in wanted:
-        command, path, body, health = servers[name]
-        port = free_port()
-        script = Path(tempfile.gettempdir()) / f"served-{name}.lua"
-        script.write_text(LUA.format(path=path, body=body))
-        process = start(command(port), port, health, env)
-        try:
-            run_wrk(port, script, 4, 3)  # warm-up, not reported
-            if name == "windve":  # clients past the depth get BUSY at once: say where that starts
-                pools = httpx.get(f"http://127.0.0.1:{port}/info", timeout=5).json()["pools"]
-                print("  windve depths: " + ", ".join(f"{p['name']} {p['depth']}" for p in pools), flush=True)
-            results[name] = []
-            for c in clients:
-                if name == "windve":
-                    wait_until_idle(port)
-                row = run_wrk(port, script, c, args.seconds) | {"clients": c}
-                results[name].append(row)
-                print(f"{name:>8} {c:>7} {row['rps']:>8.1f} {row['ok_rps']:>8.1f} {row['p50_ms']:>8.1f} "
-                      f"{row['p99_ms']:>8.1f} {row['non2xx']:>8} {row['socket_errors']:>8}", flush=True)
-        finally:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-    print(f"\nlargest concurrency with p99 <= {args.slo:g} s and only 200s, and the peak of 200s per second:")
-    for name, rows in results.items():
-        within = [
-            r["clients"] for r in rows
-            if r["p99_ms"] <= args.slo * 1000 and r["non2xx"] == 0 and r["socket_errors"] == 0
-        ]
-        peak = max(r["ok_rps"] for r in rows)
-        print(f"  {name:>8}: {max(within) if within else 'none'} clients; peak {peak:.1f} answers 200/s")
+    raise_open_files(max(clients) + 256)
+
+    spec = load_model_spec(args.model)
+    tokenizer = TextTokenizer(spec)
+    texts = distinct_texts(tokenizer, args.texts, args.tokens)
+    print(f"model {spec.name} ({spec.path}), {len(texts)} distinct {args.tokens}-token texts", flush=True)
+    results: dict = {"model": str(spec.path), "args": vars(args)}
+
+    if "engine" in sections:
+        results["engine"] = engine_ceiling(spec, tokenizer, texts, args)
+    if sections & {"served", "overload", "isolation"}:
+        bodies = write_bodies(texts, "tei", spec.name)
+        results |= run_windve(bodies, clients, sections, args)
+    if args.peers:
+        results["peers"] = run_peers(spec, texts, clients, args)
+    by_server = ({"windve": results["served"]} if results.get("served") else {}) | results.get("peers", {})
+    if by_server:
+        slo_summary(by_server, args.slo)
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps(results, indent=2))
+        Path(args.json_out).write_text(json.dumps(results, indent=2, default=str))
 
 
 if __name__ == "__main__":

@@ -65,7 +65,6 @@ class Settings(BaseSettings):
     # Accelerator pool: batches bounded by a token budget (TEI's default), sized for the device.
     accelerator_max_batch_size: int = Field(1024, ge=1)
     accelerator_max_batch_tokens: int = Field(16384, ge=64)
-    cuda_graphs: bool = False  # capture CUDA graphs per length bucket (costs start-up time)
     slo_seconds: float = Field(1.0, gt=0)
     heterogeneous: bool = True
     accelerator_depth: int | None = Field(None, ge=1)  # queries; None = calibration or default

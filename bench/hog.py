@@ -1,0 +1,151 @@
+"""Adaptive depth control under a CPU hog: does the accepted p99 return under the SLO?
+
+Starts `windve serve` (defaults: adaptive depth control, warm-up probe), drives a closed loop
+of C clients (C = the probed depth x --load, re-asking at once after every answer, 429s
+included), starts a busy-loop process that takes one core `--hog-at` seconds in, stops it
+`--hog-for` seconds later, and prints one line a second: the pool's depth, answers and 200s
+per second, and the p99 of the 200s answered in the last two seconds. Then a summary:
+- how long after the hog started the accepted p99 came back under the SLO (and stayed);
+- how long after the hog ended the depth was back to >= 80 % of its value before.
+
+    python bench/hog.py [--seconds 90] [--hog-at 20] [--hog-for 30] [--load 1.0] [--slo 1.0]
+
+The client is asyncio on raw sockets in this process, sharing the machine's cores with the
+service (say so when quoting figures).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.servers import free_port  # noqa: E402
+
+BODY = json.dumps({"inputs": "How does a retrieval pipeline decide which passages answer a question? " * 5})
+
+
+async def client(port: int, stop: asyncio.Event, answers: list[tuple[float, float, int]]) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    request = (
+        f"POST /embed HTTP/1.1\r\nHost: b\r\nContent-Type: application/json\r\nContent-Length: {len(BODY)}\r\n\r\n"
+        + BODY
+    ).encode()
+    while not stop.is_set():
+        started = time.perf_counter()
+        writer.write(request)
+        head = await reader.readuntil(b"\r\n\r\n")
+        status = int(head.split(b" ", 2)[1])
+        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        await reader.readexactly(length)
+        finished = time.perf_counter()
+        answers.append((finished, finished - started, status))
+    writer.close()
+
+
+def depth_of(url: str) -> int:
+    return sum(pool["depth"] for pool in httpx.get(url + "/info", timeout=10).json()["pools"])
+
+
+async def run(args: argparse.Namespace) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = open(Path(tempfile.gettempdir()) / f"hog-{port}.log", "wb")
+    env = os.environ | {"HF_HUB_OFFLINE": "1", "WINDVE_CACHE_SIZE": "0", "WINDVE_SLO_SECONDS": str(args.slo)}
+    command = [sys.executable, "-m", "windve.commands.serve", "--port", str(port)]
+    server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+    hog = None
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            await asyncio.sleep(0.2)  # polling the server's start, bounded by the deadline
+        seed = depth_of(url)
+        clients = max(1, round(seed * args.load))
+        hog_window = f"{args.hog_at:g}-{args.hog_at + args.hog_for:g} s"
+        print(f"probed depth {seed}; {clients} clients; SLO {args.slo} s; hog at {hog_window}")
+        stop = asyncio.Event()
+        answers: list[tuple[float, float, int]] = []
+        tasks = [asyncio.create_task(client(port, stop, answers)) for _ in range(clients)]
+        start = time.perf_counter()
+        depths: list[tuple[float, int]] = []
+        print(f"{'t':>4} {'depth':>6} {'ans/s':>7} {'200/s':>7} {'p99 200s (2 s)':>15}")
+        for second in range(1, args.seconds + 1):
+            await asyncio.sleep(max(0.0, start + second - time.perf_counter()))  # the report's clock
+            now = time.perf_counter() - start
+            if hog is None and now >= args.hog_at and now < args.hog_at + args.hog_for:
+                hog = subprocess.Popen([sys.executable, "-c", "while 1: pass"])
+            if hog is not None and hog.poll() is None and now >= args.hog_at + args.hog_for:
+                hog.kill()
+            depth = await asyncio.to_thread(depth_of, url)
+            depths.append((now, depth))
+            last = [a for a in answers if a[0] - start > now - 1]
+            window = [a[1] for a in answers if a[0] - start > now - 2 and a[2] == 200]
+            p99 = float(np.percentile(window, 99)) if window else float("nan")
+            ok = sum(1 for a in last if a[2] == 200)
+            print(f"{second:>4} {depth:>6} {len(last):>7} {ok:>7} {p99:>15.3f}", flush=True)
+        stop.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        summarize(answers, depths, start, args)
+    finally:
+        if hog is not None and hog.poll() is None:
+            hog.kill()
+        server.terminate()
+        server.wait(60)
+
+
+def summarize(answers, depths, start, args) -> None:
+    hog_start, hog_end = args.hog_at, args.hog_at + args.hog_for
+    before = [d for t, d in depths if hog_start - 5 <= t < hog_start]
+    reference = float(np.median(before)) if before else float("nan")
+    # The first second after which every later two-second window of the hog stays under the SLO.
+    settled = None
+    for second in range(int(hog_start) + 1, int(hog_end) + 1):
+        windows_ok = True
+        for later in range(second, int(hog_end) + 1):
+            window = [a[1] for a in answers if later - 2 < a[0] - start <= later and a[2] == 200]
+            if window and np.percentile(window, 99) > args.slo:
+                windows_ok = False
+                break
+        if windows_ok:
+            settled = second - hog_start
+            break
+    recovered = next((t - hog_end for t, d in depths if t >= hog_end and d >= 0.8 * reference), None)
+    ok = [a for a in answers if a[2] == 200]
+    lowest = min(d for t, d in depths if hog_start <= t < hog_end)
+    print(f"depth before the hog: {reference:.0f}; lowest during it: {lowest}")
+    print(f"accepted p99 back under {args.slo} s for good: {settled} s after the hog started" if settled is not None
+          else "accepted p99 did not settle under the SLO while the hog ran")
+    print(f"depth back to >= 80 % of before: {recovered:.0f} s after the hog ended" if recovered is not None
+          else "depth did not come back to 80 % of before")
+    print(f"overall: {len(answers)} answers, {len(ok)} 200s, {len(answers) - len(ok)} others")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=int, default=90)
+    parser.add_argument("--hog-at", type=float, default=20)
+    parser.add_argument("--hog-for", type=float, default=30)
+    parser.add_argument("--load", type=float, default=1.0, help="clients per query of the probed depth")
+    parser.add_argument("--slo", type=float, default=1.0)
+    asyncio.run(run(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()
