@@ -71,6 +71,7 @@ async def run(clients: int, seconds: float) -> dict:
         ],
         heterogeneous=True,
         max_batch_size=32,
+        batch_limits={"accelerator": (1024, 16384)},  # the service's defaults: a token budget on the accelerator
     )
     await qm.start()
     tune_gc_for_serving()  # as `windve serve` does once it is ready

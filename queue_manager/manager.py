@@ -1,8 +1,11 @@
-"""Dispatch (the WindVE paper's Algorithm 1), continuous batching and failover.
+"""Dispatch (the WindVE paper's Algorithm 1), continuous batching, bulk requests, failover, live depths.
 
-Admission of a request is atomic: each of its queries goes to the accelerator pool while
-it has room, the rest to the CPU pool when heterogeneous computing is on and it has room
-for all of them; otherwise the request is BUSY and nothing of it stays queued.
+A request the eligible pools have room for is *interactive* and admitted atomically: each of its
+queries goes to the accelerator pool while it has room, the rest to the CPU pool when heterogeneous
+computing is on. A larger one is *bulk* when the pools have any room at all: it waits in a FIFO
+backlog and its queries take slots in parts as room frees, at most `bulk_share` of each pool's depth
+at once, so that interactive requests keep finding room. With no room at all the answer is BUSY and
+nothing of the request stays queued; with no instance able to serve, Unavailable.
 """
 
 from __future__ import annotations
@@ -11,13 +14,16 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Literal
 
 import numpy as np
 
 from queue_manager import metrics
+from queue_manager.bulk import BulkBacklog
+from queue_manager.depth_control import ControlSettings, DepthController, Move
 from queue_manager.pool import InstanceSlot, Pool, Query, Request, TokenCharge
-from queue_manager.protocol import Busy, Instance, QueryFailed, ShuttingDown
+from queue_manager.protocol import Busy, Instance, QueryFailed, ShuttingDown, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +31,8 @@ MAX_ATTEMPTS = 2  # a query meets at most this many failing instances before it 
 LOOKAHEAD = 128  # queued queries a batch looks past the oldest for companions of similar length
 MAX_LENGTH_SPREAD = 1.5  # longest / shortest query in one batch
 RESTART_BACKOFF = (0.5, 1.0, 2.0, 5.0, 10.0)
+BULK_BACKLOG_DEPTHS = 4  # bulk queries waiting for a slot may reach this many times the pools' depths
+UNAVAILABLE_RETRY_AFTER = 2.0  # seconds: about a restart's first backoff plus a model load
 
 
 class QueueManager:
@@ -35,40 +43,85 @@ class QueueManager:
         heterogeneous: bool = True,
         max_batch_size: int = 32,
         max_batch_tokens: int = 16384,
+        batch_limits: Mapping[str, tuple[int, int]] | None = None,
+        bulk_share: float = 0.5,
+        bulk_backlog: int | None = None,
+        depth_control: Literal["adaptive", "static"] = "static",
+        slo: float | None = None,
+        depth_cap: float = 2.0,
+        control_interval: float | None = 0.5,
+        control: ControlSettings | None = None,
+        now: Callable[[], float] = time.perf_counter,
     ) -> None:
-        """`pools` in priority order: (name, depth, instances); the first is the accelerator pool."""
+        """`pools` in priority order: (name, depth, instances); the first is the accelerator pool.
+
+        `batch_limits`: per pool name, (max_batch_size, max_batch_tokens); pools not named take the
+        global ones. `bulk_backlog`: most bulk queries waiting for a slot (default
+        BULK_BACKLOG_DEPTHS x the eligible pools' depths). `depth_control="adaptive"` moves each depth
+        toward the live SLO crossing every `control_interval` seconds (None: only when step() is
+        called); it needs `slo` (or `control`, which sets every knob). `now` is the clock of every
+        timestamp and of the control: tests give a virtual one.
+        """
         if not pools:
             raise ValueError("the queue manager needs at least one pool")
+        if not 0 < bulk_share <= 1:
+            raise ValueError(f"bulk_share must be in (0, 1], got {bulk_share!r}")
+        if depth_control not in ("adaptive", "static"):
+            raise ValueError(f"depth_control must be 'adaptive' or 'static', got {depth_control!r}")
+        if control is None and slo is not None:
+            control = ControlSettings(slo=slo, cap=depth_cap)
+        if depth_control == "adaptive" and control is None:
+            raise ValueError("adaptive depth control needs the SLO (slo=...)")
+        limits = dict(batch_limits or {})
+        unknown = set(limits) - {name for name, _, _ in pools}
+        if unknown:
+            raise ValueError(f"batch limits for unknown pools: {sorted(unknown)}")
+        self._now = now
         self.pools: list[Pool] = []
         for name, depth, instances in pools:
-            pool = Pool(name=name, depth=int(depth))
+            batch_size, batch_tokens = limits.get(name, (max_batch_size, max_batch_tokens))
+            pool = Pool(name=name, depth=int(depth), max_batch_size=batch_size, max_batch_tokens=batch_tokens)
+            pool.seed_depth = pool.depth
             pool.instances = [InstanceSlot(instance=inst, pool=pool) for inst in instances]
             if not pool.instances:
                 raise ValueError(f"pool {name!r} has no instances")
+            # Static pools get a controller too: the live fit and tail are worth showing either way.
+            pool.control = DepthController(control or ControlSettings(slo=1.0), pool.depth, now())
             pool.metrics = metrics.PoolMetrics(pool)
             self.pools.append(pool)
         # Algorithm 1: with heterogeneous computing off, only the first (accelerator) pool serves.
         self.heterogeneous = heterogeneous
         self.max_batch_size = max_batch_size
         self.max_batch_tokens = max_batch_tokens
+        self.bulk_share = bulk_share
+        self.bulk_backlog = bulk_backlog
+        self.depth_control = depth_control
+        self.control_interval = control_interval
+        self._measured = control is not None  # without an SLO there is nothing to fit against
+        self._backlog = BulkBacklog()
+        metrics.BULK_WAITING.set_function(lambda: self._backlog.waiting)
         self.draining = False
-        self.in_flight = 0  # over all pools: drain() waits for zero
+        self.in_flight = 0  # over all pools: drain() waits for zero, and for no bulk query waiting
         self._idle = asyncio.Event()
         self._idle.set()
         self._restarts: set[asyncio.Task] = set()
+        self._control_task: asyncio.Task | None = None
 
     # ---- lifecycle -------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Start (load and warm) every instance concurrently, then their batchers."""
+        """Start (load and warm) every instance concurrently, then their batchers and the control."""
         slots = [slot for pool in self.pools for slot in pool.instances]
         await asyncio.gather(*(slot.instance.start() for slot in slots))
         for slot in slots:
             slot.healthy = True
             slot.task = asyncio.create_task(self._batcher(slot), name=f"batcher-{slot.name}")
+        if self._measured and self.control_interval:
+            self._control_task = asyncio.create_task(self._control_loop(), name="depth-control")
 
     async def drain(self, timeout: float | None = None) -> bool:
-        """Stop admitting (BUSY from now on) and wait until every admitted query is answered."""
+        """Stop admitting (BUSY from now on) and wait until every admitted query is answered,
+        bulk queries still waiting for a slot included."""
         self.draining = True
         try:
             await asyncio.wait_for(self._idle.wait(), timeout)
@@ -78,15 +131,20 @@ class QueueManager:
 
     async def close(self) -> None:
         self.draining = True
+        if self._control_task:
+            self._control_task.cancel()
         for task in list(self._restarts):
             task.cancel()
         for pool in self.pools:
             for slot in pool.instances:
                 if slot.task:
                     slot.task.cancel()
+        for request in self._backlog.clear():
+            request.fail(QueryFailed("the service is shutting down"))
         for pool in self.pools:
             for slot in pool.instances:
                 self._fail_queued(slot, QueryFailed("the service is shutting down"))
+        self._note_if_idle()
         await asyncio.gather(
             *(slot.instance.close() for pool in self.pools for slot in pool.instances),
             return_exceptions=True,
@@ -97,9 +155,18 @@ class QueueManager:
     def eligible_pools(self) -> list[Pool]:
         return self.pools if self.heterogeneous else self.pools[:1]
 
+    def _serving_pools(self) -> list[Pool]:
+        """The eligible pools with an instance able to serve; Unavailable when there is none."""
+        pools = [pool for pool in self.eligible_pools() if pool.serving()]
+        if not pools:
+            metrics.UNAVAILABLE.inc()
+            raise Unavailable(retry_after=UNAVAILABLE_RETRY_AFTER)
+        return pools
+
     def check_room(self, wanted: int) -> None:
-        """Raise Busy (ShuttingDown while draining) when the eligible pools cannot take `wanted`
-        queries whatever their lengths, as admission would.
+        """Raise what admission would for `wanted` queries whatever their lengths: ShuttingDown while
+        draining, Unavailable when no eligible pool can serve, Busy when they have no room at all or
+        (for a request larger than their room, which would be bulk) when the bulk backlog is full.
 
         The HTTP path asks before it tokenizes, so an overloaded service answers BUSY without that
         work (and without the tasks a submission starts), which under a flood of retries was most
@@ -107,36 +174,39 @@ class QueueManager:
         still refuse.
         """
         self._refuse_if_draining(wanted)
-        room = sum(pool.room() for pool in self.eligible_pools() if pool.least_loaded() is not None)
-        if room < wanted:
-            metrics.BUSY.inc()
-            raise Busy(retry_after=self.retry_after(wanted))
+        room = sum(pool.room() for pool in self._serving_pools())
+        if wanted <= room or (room and self._backlog.allows(wanted, self._backlog_bound())):
+            return
+        metrics.BUSY.inc()
+        raise Busy(retry_after=self.retry_after(wanted))
 
     def _refuse_if_draining(self, wanted: int) -> None:
         if self.draining:
             raise ShuttingDown(retry_after=self.retry_after(wanted), message="the service is shutting down")
 
-    def _plan(self, sequences: Sequence[np.ndarray], only: Pool | None) -> list[tuple[Pool, int]]:
-        """How many of the request's queries each pool takes, or raise Busy."""
-        wanted = len(sequences)
-        self._refuse_if_draining(wanted)
-        if only is not None:
-            return [(only, wanted)]
+    def _backlog_bound(self) -> int:
+        if self.bulk_backlog is not None:
+            return self.bulk_backlog
+        return BULK_BACKLOG_DEPTHS * sum(pool.depth for pool in self.eligible_pools())
+
+    def _plan(self, sequences: Sequence[np.ndarray], pools: list[Pool]) -> tuple[list[tuple[Pool, int]], int]:
+        """Algorithm 1: how many of the request's queries each pool takes now, and their total."""
         shares: list[tuple[Pool, int]] = []
-        left = wanted
+        left = len(sequences)
         start = 0
-        for pool in self.eligible_pools():
+        for pool in pools:
             take = min(left, pool.room())
             if pool.token_budget is not None and take:
                 take = self._fit_tokens(pool, sequences[start : start + take])
-            if take and pool.least_loaded() is not None:
+            if take < left:
+                pool.was_full = True
+            if take:
                 shares.append((pool, take))
                 left -= take
                 start += take
             if left == 0:
-                return shares
-        metrics.BUSY.inc()
-        raise Busy(retry_after=self.retry_after(wanted))
+                break
+        return shares, start
 
     @staticmethod
     def _fit_tokens(pool: Pool, sequences: Sequence[np.ndarray]) -> int:
@@ -159,8 +229,8 @@ class QueueManager:
     async def submit(self, sequences: Sequence[np.ndarray], pool: str | None = None) -> np.ndarray:
         """Embed one request's token-id sequences: float32 [n, dim] in input order.
 
-        Raises Busy when no eligible pool has room. With `pool`, the request goes to that
-        pool only and its depth is not enforced: the estimator uses this to profile a pool.
+        Raises Busy, Unavailable or ShuttingDown as admit does. With `pool`, the request goes to
+        that pool only and its depth is not enforced: the estimator uses this to profile a pool.
         A cancelled caller (client gone) drops its queued queries and frees their slots.
         """
         if not sequences:
@@ -173,12 +243,26 @@ class QueueManager:
             raise
 
     def admit(self, sequences: Sequence[np.ndarray], pool: str | None = None) -> Request:
-        """The synchronous half of submit: Algorithm 1 and the bookkeeping, or raise Busy."""
-        only = self._pool_named(pool) if pool is not None else None
-        shares = self._plan(sequences, only)
-        request = Request(len(sequences), asyncio.get_running_loop())
+        """The synchronous half of submit: admit the request whole (interactive) or into the bulk
+        backlog, or raise ShuttingDown, Unavailable or Busy. Its future resolves to every vector."""
+        wanted = len(sequences)
+        self._refuse_if_draining(wanted)
+        if pool is not None:
+            return self._admit_whole(sequences, [(self._pool_named(pool), wanted)])
+        pools = self._serving_pools()
+        shares, taken = self._plan(sequences, pools)
+        if taken == wanted:
+            return self._admit_whole(sequences, shares)
+        # Room for some but not all: bulk. Room for none: the queues are full of other work.
+        if taken and self._backlog.allows(wanted, self._backlog_bound()):
+            return self._admit_bulk(sequences)
+        metrics.BUSY.inc()
+        raise Busy(retry_after=self.retry_after(wanted))
+
+    def _admit_whole(self, sequences: Sequence[np.ndarray], shares: list[tuple[Pool, int]]) -> Request:
+        now = self._now()
+        request = Request(len(sequences), asyncio.get_running_loop(), now)
         index = 0
-        now = time.perf_counter()
         for target, count in shares:
             for _ in range(count):
                 query = Query(request, index, sequences[index], target)
@@ -187,8 +271,61 @@ class QueueManager:
                 self._admit(query)
                 index += 1
             target.metrics.dispatched.inc(count)
+            request.loads.append((target, target.in_flight))
+            if target.in_flight >= target.depth:
+                # Filled: what comes next is refused, maybe by a front end that never asks here.
+                target.was_full = True
+        request.admitted = index
+        if len(shares) > 1:
+            request.finished = {}
         self._idle.clear()
         return request
+
+    def _admit_bulk(self, sequences: Sequence[np.ndarray]) -> Request:
+        request = Request(len(sequences), asyncio.get_running_loop(), self._now())
+        request.bulk = True
+        request.sequences = sequences
+        self._backlog.add(request)
+        metrics.BULK_REQUESTS.inc()
+        self._idle.clear()
+        self._admit_waiting_bulk()
+        return request
+
+    def _admit_waiting_bulk(self) -> None:
+        """Give the oldest bulk requests the slots they may take now (see Pool.bulk_room)."""
+        backlog = self._backlog
+        while backlog:
+            request = backlog.head
+            taken = self._admit_bulk_part(request)
+            backlog.took(request, taken)
+            if request.admitted < request.n:
+                return  # FIFO: nothing passes the oldest
+
+    def _admit_bulk_part(self, request: Request) -> int:
+        sequences = request.sequences
+        start = request.admitted
+        left = request.n - start
+        now = self._now()
+        for pool in self.eligible_pools():
+            if not pool.serving():
+                continue
+            take = min(left, pool.bulk_room(self.bulk_share))
+            if pool.token_budget is not None and take:
+                take = self._fit_tokens(pool, sequences[start : start + take])
+            if take < left:
+                pool.was_full = True
+            for index in range(start, start + take):
+                query = Query(request, index, sequences[index], pool, bulk=True)
+                query.enqueued = now
+                request.queries.append(query)
+                self._admit(query)
+            if take:
+                pool.metrics.dispatched.inc(take)
+            start += take
+            left -= take
+            if not left:
+                break
+        return start - request.admitted
 
     def pool_submitter(self, pool: str) -> Callable[[Sequence[np.ndarray]], Awaitable[np.ndarray]]:
         target = self._pool_named(pool).name
@@ -208,6 +345,8 @@ class QueueManager:
         pool = query.pool
         pool.in_flight += 1
         pool.tokens_in_flight += query.charge
+        if query.bulk:
+            pool.bulk_in_flight += 1
         self.in_flight += 1
         slot = pool.least_loaded()
         if slot is None:  # only reachable with pool= on a pool whose instances all failed
@@ -229,21 +368,36 @@ class QueueManager:
         pool = query.pool
         pool.in_flight -= 1
         pool.tokens_in_flight -= query.charge
+        if query.bulk:
+            pool.bulk_in_flight -= 1
         self.in_flight -= 1
-        if self.in_flight == 0:
+        if self.in_flight == 0 and not self._backlog:
             self._idle.set()
 
-    def cancel(self, request: Request) -> None:
-        """Drop the request's queued queries and free their slots (its caller has gone).
+    def _note_if_idle(self) -> None:
+        if self.in_flight == 0 and not self._backlog:
+            self._idle.set()
 
-        Queries already in a running batch keep their slots until the batch ends.
+    def _freed(self) -> None:
+        """Slots were freed or pools came back: the oldest bulk requests may take some."""
+        if self._backlog:
+            self._admit_waiting_bulk()
+
+    def cancel(self, request: Request) -> None:
+        """Drop the request's queued queries and its bulk queries not yet admitted, and free their
+        slots (its caller has gone). Queries already in a running batch keep their slots until the
+        batch ends, and are not failed over if their instance fails.
         """
+        request.abandoned = True
         for query in self._drop_queued(request):
             query.pool.metrics.cancelled.inc()
+        self._freed()
 
     def _drop_queued(self, request: Request) -> list[Query]:
-        """Take the request's still-queued queries off their queues and free their slots: no one
-        will read their answers. Returns them."""
+        """Take the request's still-queued queries off their queues and free their slots, and take it
+        out of the bulk backlog: no one will read its answers. Returns the dropped queries."""
+        if self._backlog.discard(request):
+            self._note_if_idle()
         dropped = []
         for query in request.queries:
             slot = query.slot
@@ -263,22 +417,23 @@ class QueueManager:
     def _take_batch(self, slot: InstanceSlot) -> list[Query]:
         """The oldest query, joined by queued queries of similar length.
 
-        Up to max_batch_size queries and max_batch_tokens padded tokens. A batch is padded
-        to its longest query, so a 16-token query batched with a 256-token one costs 256:
+        Up to the pool's max_batch_size queries and max_batch_tokens padded tokens. A batch is
+        padded to its longest query, so a 16-token query batched with a 256-token one costs 256:
         companions are taken in FIFO order from the next LOOKAHEAD queries, skipping those
         whose length would stretch the batch's longest/shortest ratio past MAX_LENGTH_SPREAD.
         The oldest query always goes first, so nothing waits behind more than a few batches.
         """
         queue = slot.queue
+        max_size, max_tokens = slot.pool.max_batch_size, slot.pool.max_batch_tokens
         head = queue.popleft()
         batch = [head]
         longest = shortest = head.tokens
         skipped = 0
-        while skipped < min(len(queue), LOOKAHEAD) and len(batch) < self.max_batch_size:
+        while skipped < min(len(queue), LOOKAHEAD) and len(batch) < max_size:
             candidate = queue[skipped]
             tokens = candidate.tokens
             wider_longest, wider_shortest = max(longest, tokens), min(shortest, tokens)
-            fits = (len(batch) + 1) * wider_longest <= self.max_batch_tokens
+            fits = (len(batch) + 1) * wider_longest <= max_tokens
             if fits and wider_longest <= MAX_LENGTH_SPREAD * wider_shortest:
                 del queue[skipped]
                 batch.append(candidate)
@@ -291,6 +446,7 @@ class QueueManager:
 
     async def _batcher(self, slot: InstanceSlot) -> None:
         pool_metrics = slot.pool.metrics
+        generation = slot.generation
         while True:
             if not slot.queue:
                 slot.wakeup.clear()
@@ -298,25 +454,33 @@ class QueueManager:
                 continue
             batch = self._take_batch(slot)
             slot.in_batch = len(batch)
+            slot.running = batch
             if slot.pool.token_budget is not None:
                 slot.pool.note_padding(batch)
-            started = time.perf_counter()
+            started = self._now()
             for query in batch:
                 pool_metrics.queue_time.observe(started - query.enqueued)
+            pool_metrics.batch_tokens.observe(len(batch) * max(query.tokens for query in batch))
             try:
                 vectors = await slot.instance.embed([query.ids for query in batch])
                 if len(vectors) != len(batch):
                     raise QueryFailed(f"instance {slot.name} returned {len(vectors)} vectors for {len(batch)} queries")
             except asyncio.CancelledError:
-                slot.in_batch = 0
+                if slot.generation != generation:
+                    return  # declared down: instance_down moved the batch already
+                slot.in_batch, slot.running = 0, []
                 self._fail_batch(batch, QueryFailed("the service is shutting down"))
                 raise
             except Exception as error:  # noqa: BLE001 - any instance error triggers failover
-                slot.in_batch = 0
+                if slot.generation != generation:
+                    return
+                slot.in_batch, slot.running = 0, []
                 self._on_instance_failure(slot, batch, error)
                 return  # the restart task starts a new batcher for this slot
-            elapsed = time.perf_counter() - started
-            slot.in_batch = 0
+            if slot.generation != generation:
+                return  # answers of an instance declared down: its queries were moved and run elsewhere
+            elapsed = self._now() - started
+            slot.in_batch, slot.running = 0, []
             slot.batches += 1
             slot.note_batch(len(batch), elapsed)
             pool_metrics.inference_time.observe(elapsed)
@@ -324,35 +488,60 @@ class QueueManager:
             self._complete(batch, vectors)
 
     def _complete(self, batch: list[Query], vectors: np.ndarray) -> None:
+        now = None
         for query, vector in zip(batch, vectors):
             if not query.done:
                 self._finish(query)
-                query.request.deliver(query.index, vector)
+                request = query.request
+                if request.finished is not None:
+                    now = self._now() if now is None else now
+                    request.finished[query.pool.name] = now
+                request.deliver(query.index, vector)
+        self._freed()
 
     # ---- failures --------------------------------------------------------------------
 
     def _on_instance_failure(self, slot: InstanceSlot, batch: list[Query], error: Exception) -> None:
+        """Move the failed instance's queries to the pool's others. Only the queries of the failing
+        batch count an attempt: those still queued never ran there, so the failure says nothing of them."""
         slot.healthy = False
         slot.failures += 1
         log.error("instance %s failed (%s); moving its queries and restarting it", slot.name, error)
-        orphans = batch + list(slot.queue)
+        queued = list(slot.queue)
         slot.queue.clear()
-        for query in orphans:
+        for query in batch:
+            if not query.done:
+                query.attempts += 1
+        for query in batch + queued:
             if query.done:
                 continue
-            if query.request.future.done():  # its request failed or its caller left: no one waits
+            if query.request.future.done() or query.request.abandoned:  # no one waits for its answer
                 self._finish(query)
                 continue
-            query.attempts += 1
             target = slot.pool.least_loaded(exclude=slot)
             if query.attempts >= MAX_ATTEMPTS or target is None:
                 self._fail_query(query, QueryFailed(f"instance {slot.name} failed: {error}"))
                 continue
             slot.pool.metrics.failovers.inc()
             self._enqueue(target, query)
+        self._freed()
         task = asyncio.create_task(self._restart(slot), name=f"restart-{slot.name}")
         self._restarts.add(task)
         task.add_done_callback(self._restarts.discard)
+
+    def instance_down(self, instance: Instance, reason: str = "it stopped answering") -> None:
+        """Treat `instance` as failed now (e.g. its process missed its heartbeats): stop its batcher,
+        move its queries as on an embed error, and restart it. No-op while it is already down."""
+        slot = next((s for pool in self.pools for s in pool.instances if s.instance is instance), None)
+        if slot is None:
+            raise KeyError(f"no instance {getattr(instance, 'name', instance)!r} in this queue manager")
+        if not slot.healthy:
+            return
+        batch, slot.running, slot.in_batch = slot.running, [], 0
+        slot.generation += 1
+        if slot.task is not None:
+            slot.task.cancel()
+        self._on_instance_failure(slot, batch, RuntimeError(reason))
 
     async def _restart(self, slot: InstanceSlot) -> None:
         slot.restarting = True
@@ -372,10 +561,11 @@ class QueueManager:
         slot.healthy = True
         log.info("instance %s is back", slot.name)
         slot.task = asyncio.create_task(self._batcher(slot), name=f"batcher-{slot.name}")
+        self._freed()  # bulk requests may have waited for any pool to serve again
 
     def _fail_query(self, query: Query, error: Exception) -> None:
-        """Fail the query's request, and drop its other queries still queued: computing them would
-        only spend an instance on answers no one reads."""
+        """Fail the query's request, and drop its other queries still queued (and its bulk queries
+        still waiting): computing them would only spend an instance on answers no one reads."""
         if query.done:
             return
         self._finish(query)
@@ -392,6 +582,59 @@ class QueueManager:
         slot.queue.clear()
         self._fail_batch(queued, error)
 
+    # ---- depth control ---------------------------------------------------------------
+
+    def record_latency(self, request: Request, seconds: float) -> None:
+        """The caller's end-to-end time for an answered interactive request: one live sample per pool
+        it used, at that pool's in-flight queries when it was admitted.
+
+        A request split over two pools waited for the slower: each pool is charged the reported time
+        less how long the request still waited after that pool's last answer. Bulk requests are not
+        samples: their time is their own size and the backlog, not the depth.
+        """
+        if request.bulk or not request.loads or not request.future.done() or request.future.cancelled():
+            return
+        if request.future.exception() is not None:
+            return
+        finished = request.finished
+        last = max(finished.values()) if finished else 0.0
+        for pool, concurrency in request.loads:
+            own = seconds - (last - finished.get(pool.name, last)) if finished else seconds
+            pool.control.observe(concurrency, own, request.created, self._now())
+
+    async def _control_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.control_interval)
+            try:
+                self.step()
+            except Exception:  # noqa: BLE001 - a control bug must not stop the depths' updates for good
+                log.exception("depth control step failed")
+
+    def step(self) -> list[tuple[str, Move]]:
+        """One control step: refit every pool; in adaptive mode move the depths. Returns the moves."""
+        now = self._now()
+        moves = []
+        for pool in self.pools:
+            control = pool.control
+            if self.depth_control != "adaptive":
+                control.refresh(now)
+                continue
+            move = control.step(pool.depth, pool.was_full, now)
+            if move is not None:
+                self._apply(pool, move)
+                moves.append((pool.name, move))
+        self._freed()
+        return moves
+
+    def _apply(self, pool: Pool, move: Move) -> None:
+        log.info("pool %s: depth %d -> %d (%s)", pool.name, pool.depth, move.depth, move.reason)
+        pool.depth = move.depth
+        if pool.seed_token_budget is not None:
+            # The token budget bounds the same latency as the depth: it follows in proportion.
+            pool.token_budget = max(1, round(pool.seed_token_budget * move.depth / max(1, pool.seed_depth)))
+        pool.was_full = False
+        (pool.metrics.depth_up if move.direction == "up" else pool.metrics.depth_down).inc()
+
     # ---- introspection ---------------------------------------------------------------
 
     def retry_after(self, queries: int) -> float:
@@ -406,14 +649,17 @@ class QueueManager:
     def set_depth(
         self, pool: str, depth: int, token_budget: int | None = None, token_charge: TokenCharge = TokenCharge()
     ) -> None:
-        """Apply a new depth live (calibration update); admitted queries are unaffected.
+        """Apply a new depth live (calibration or probe); admitted queries are unaffected.
 
-        With a token budget, each query is charged `token_charge(length)` tokens against it.
+        With a token budget, each query is charged `token_charge(length)` tokens against it. The depth
+        is also the depth control's new seed: it restarts from it, within [1, depth x depth_cap].
         """
         target = self._pool_named(pool)
-        target.depth = int(depth)
-        target.token_budget = token_budget
+        target.depth = target.seed_depth = int(depth)
+        target.token_budget = target.seed_token_budget = token_budget
         target.token_charge = token_charge
+        target.control.reseed(target.depth, self._now())
+        self._freed()
 
     def healthy(self) -> bool:
         """Every pool has at least one instance able to serve."""
@@ -423,21 +669,34 @@ class QueueManager:
         return all(slot.healthy for pool in self.pools for slot in pool.instances)
 
     def snapshot(self) -> dict:
+        now = self._now()
         return {
             "heterogeneous": self.heterogeneous,
             "draining": self.draining,
+            "depth_control": self.depth_control,
+            "bulk": {
+                "share": self.bulk_share,
+                "requests_waiting": len(self._backlog),
+                "queries_waiting": self._backlog.waiting,
+                "backlog_bound": self._backlog_bound(),
+            },
             "pools": [
                 {
                     "name": pool.name,
                     "depth": pool.depth,
+                    "seed_depth": pool.seed_depth,
                     "token_budget": pool.token_budget,
                     "padding": round(pool.padding, 4),
                     "token_charge": {
                         "per_query": pool.token_charge.per_query,
                         "per_squared_token": pool.token_charge.per_squared_token,
                     },
+                    "max_batch_size": pool.max_batch_size,
+                    "max_batch_tokens": pool.max_batch_tokens,
                     "in_flight": pool.in_flight,
+                    "bulk_in_flight": pool.bulk_in_flight,
                     "queued": sum(len(slot.queue) for slot in pool.instances),
+                    "control": pool.control.snapshot(now),
                     "instances": [
                         {
                             "name": slot.name,

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 from prometheus_client import Counter, Gauge, Histogram
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
-BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+TOKEN_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 
 DEPTH = Gauge("windve_pool_depth", "Queue depth C_max of the pool, in queries", ["pool"])
 IN_FLIGHT = Gauge("windve_pool_in_flight", "Queries admitted to the pool and not yet answered", ["pool"])
@@ -16,6 +19,11 @@ OCCUPANCY = Gauge(
 HEALTHY = Gauge("windve_pool_healthy_instances", "Instances of the pool able to serve", ["pool"])
 DISPATCHED = Counter("windve_pool_dispatched_queries", "Queries admitted to the pool", ["pool"])
 BUSY = Counter("windve_busy_requests", "Requests answered BUSY because every eligible pool was full")
+UNAVAILABLE = Counter(
+    "windve_unavailable_requests", "Requests refused because no eligible pool had an instance able to serve"
+)
+BULK_REQUESTS = Counter("windve_bulk_requests", "Requests admitted in parts because the pools had no room for all")
+BULK_WAITING = Gauge("windve_bulk_waiting_queries", "Queries of bulk requests not yet admitted to a pool")
 FAILOVERS = Counter(
     "windve_pool_failover_queries", "Queries moved off a failed instance of the pool", ["pool"]
 )
@@ -30,6 +38,14 @@ QUEUE_TIME = Histogram(
 INFERENCE_TIME = Histogram(
     "windve_inference_seconds", "Time an instance took for one batch", ["pool"], buckets=LATENCY_BUCKETS
 )
+BATCH_TOKENS = Histogram(
+    "windve_batch_tokens", "Padded tokens per batch (queries x the longest)", ["pool"], buckets=TOKEN_BUCKETS
+)
+SEED_DEPTH = Gauge("windve_pool_seed_depth", "Calibrated or probed depth the depth control starts from", ["pool"])
+FIT_ALPHA = Gauge("windve_pool_fit_alpha_seconds", "Live fit t = alpha*C + beta: alpha", ["pool"])
+FIT_BETA = Gauge("windve_pool_fit_beta_seconds", "Live fit t = alpha*C + beta: beta", ["pool"])
+LIVE_P99 = Gauge("windve_pool_live_p99_seconds", "p99 of the answer times callers reported recently", ["pool"])
+DEPTH_CHANGES = Counter("windve_pool_depth_changes", "Moves of the depth control", ["pool", "direction"])
 
 
 class PoolMetrics:
@@ -44,9 +60,25 @@ class PoolMetrics:
         self.batch_size = BATCH_SIZE.labels(name)
         self.queue_time = QUEUE_TIME.labels(name)
         self.inference_time = INFERENCE_TIME.labels(name)
+        self.batch_tokens = BATCH_TOKENS.labels(name)
+        self.depth_up = DEPTH_CHANGES.labels(name, "up")
+        self.depth_down = DEPTH_CHANGES.labels(name, "down")
         # Gauges read the live pool at scrape time: nothing to update on the hot path.
         DEPTH.labels(name).set_function(lambda: pool.depth)
         IN_FLIGHT.labels(name).set_function(lambda: pool.in_flight)
         QUEUED.labels(name).set_function(lambda: sum(len(slot.queue) for slot in pool.instances))
         OCCUPANCY.labels(name).set_function(lambda: pool.in_flight / pool.depth if pool.depth else 0.0)
         HEALTHY.labels(name).set_function(lambda: sum(slot.healthy for slot in pool.instances))
+        SEED_DEPTH.labels(name).set_function(lambda: pool.seed_depth)
+        FIT_ALPHA.labels(name).set_function(lambda: _fit_part(pool, "alpha"))
+        FIT_BETA.labels(name).set_function(lambda: _fit_part(pool, "beta"))
+        LIVE_P99.labels(name).set_function(lambda: _or_nan(pool.control.current_p99))
+
+
+def _fit_part(pool, name: str) -> float:
+    fit = pool.control.current_fit
+    return getattr(fit, name) if fit is not None else math.nan
+
+
+def _or_nan(value: float | None) -> float:
+    return math.nan if value is None else value

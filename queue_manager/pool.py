@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import math
-import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -36,18 +36,47 @@ class TokenCharge:
 
 
 class Request:
-    """One admitted HTTP request: its queries' results land here, in input order."""
+    """One admitted HTTP request: its queries' results land here, in input order.
 
-    __slots__ = ("n", "remaining", "vectors", "future", "error", "queries", "created")
+    An interactive request has all its queries admitted at once. A bulk request (more queries
+    than the pools had room for) keeps its token-id sequences and admits them in parts as room
+    frees: `admitted` counts those handed to pools so far.
+    """
 
-    def __init__(self, n: int, loop: asyncio.AbstractEventLoop) -> None:
+    __slots__ = (
+        "n",
+        "remaining",
+        "vectors",
+        "future",
+        "error",
+        "queries",
+        "created",
+        "bulk",
+        "sequences",
+        "admitted",
+        "loads",
+        "finished",
+        "abandoned",
+    )
+
+    def __init__(self, n: int, loop: asyncio.AbstractEventLoop, created: float = 0.0) -> None:
         self.n = n
         self.remaining = n
         self.vectors: np.ndarray | None = None
         self.future: asyncio.Future = loop.create_future()
         self.error: BaseException | None = None
         self.queries: list[Query] = []
-        self.created = time.perf_counter()
+        self.created = created
+        self.bulk = False
+        self.sequences: Sequence[np.ndarray] | None = None  # bulk only, until every part is admitted
+        self.admitted = 0
+        # Per pool it used: (pool, the pool's in-flight queries right after this request's own were
+        # admitted), the C of the latency model, for the depth control's live fit.
+        self.loads: list[tuple[Pool, int]] = []
+        # Per pool name, when its last query there was answered; only for requests split over pools,
+        # so that a pool's sample is not charged the time its request waited on the other pool.
+        self.finished: dict[str, float] | None = None
+        self.abandoned = False  # its caller left: no one reads its answers
 
     def deliver(self, index: int, vector: np.ndarray) -> None:
         if self.vectors is None:
@@ -68,9 +97,9 @@ class Request:
 class Query:
     """One input text of a request, admitted to a pool and queued on one of its instances."""
 
-    __slots__ = ("request", "index", "ids", "tokens", "charge", "pool", "slot", "enqueued", "attempts", "done")
+    __slots__ = ("request", "index", "ids", "tokens", "charge", "pool", "slot", "enqueued", "attempts", "done", "bulk")
 
-    def __init__(self, request: Request, index: int, ids: np.ndarray, pool: Pool) -> None:
+    def __init__(self, request: Request, index: int, ids: np.ndarray, pool: Pool, bulk: bool = False) -> None:
         self.request = request
         self.index = index
         self.ids = ids
@@ -81,6 +110,7 @@ class Query:
         self.enqueued = 0.0
         self.attempts = 0
         self.done = False
+        self.bulk = bulk  # holds one of the pool's bulk slots (Pool.bulk_in_flight)
 
 
 @dataclass(eq=False)
@@ -91,6 +121,8 @@ class InstanceSlot:
     pool: Pool
     queue: deque = field(default_factory=deque)
     in_batch: int = 0
+    running: list = field(default_factory=list)  # the batch being embedded, for instance_down
+    generation: int = 0  # bumped by instance_down: the batcher it replaced must let go quietly
     healthy: bool = False
     restarting: bool = False
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
@@ -123,9 +155,20 @@ class Pool:
     instances: list[InstanceSlot] = field(default_factory=list)
     token_budget: int | None = None  # optional length-aware bound: tokens in flight
     token_charge: TokenCharge = TokenCharge()
+    max_batch_size: int = 32
+    max_batch_tokens: int = 16384  # padded: queries x the longest one
     in_flight: int = 0
     tokens_in_flight: int = 0
+    bulk_in_flight: int = 0  # of in_flight, queries of bulk requests
+    # The depth and token budget the last set_depth gave (calibration or probe): what the depth
+    # control starts from and scales the token budget by.
+    seed_depth: int = 0
+    seed_token_budget: int | None = None
+    # Set when the pool filled up or could not take all a request offered it, cleared when its depth moves:
+    # a deeper queue only matters (and only shows its latency) where the pool was full.
+    was_full: bool = False
     metrics: object = None  # queue_manager.metrics.PoolMetrics, set by the manager
+    control: object = None  # queue_manager.depth_control.DepthController, set by the manager
     # Recent batches' charge when padded to their longest query over their charge by own
     # length (decayed sums, so that the ratio follows the traffic's length mix).
     padded_charge: float = 0.0
@@ -143,6 +186,19 @@ class Pool:
 
     def room(self) -> int:
         return max(0, self.depth - self.in_flight)
+
+    def bulk_room(self, share: float) -> int:
+        """Slots bulk queries may take now: at most `share` of the depth (at least one, or a
+        shallow pool would never serve bulk), and never what the pool has not free."""
+        limit = max(1, math.floor(self.depth * share))
+        return max(0, min(self.room(), limit - self.bulk_in_flight))
+
+    def serving(self) -> bool:
+        """Some instance of the pool can take queries."""
+        for slot in self.instances:
+            if slot.healthy:
+                return True
+        return False
 
     def healthy_slots(self) -> list[InstanceSlot]:
         return [slot for slot in self.instances if slot.healthy]

@@ -33,6 +33,18 @@ class ShuttingDown(Busy):
     """The service is draining: it admits nothing new."""
 
 
+class Unavailable(Exception):
+    """No pool that may take the request has an instance able to serve (all failed or restarting).
+
+    Not a Busy: full queues (429, retry soon, here) and broken pools (503, maybe another replica)
+    call for different answers, and a handler written for Busy must not pass this off as one.
+    """
+
+    def __init__(self, retry_after: float, message: str = "no instance can serve the request") -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 @runtime_checkable
 class Instance(Protocol):
     """One model instance. `embed` runs off the event loop and is called by one batcher only."""

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,10 @@ FILLER_TEXT = (
     "processor of the server it runs on, the accelerator first and the idle CPU cores when a "
     "burst arrives. "
 )
+
+# Characters tokenized at once when counting: bounds the memory a huge text costs while counted.
+COUNT_CHUNK_CHARS = 64 * 1024
+_LAST_SPACE = re.compile(r"\s\S*\Z")
 
 
 class InputTooLong(ValueError):
@@ -40,6 +45,8 @@ class TextTokenizer:
         self._full = load_fast_tokenizer(spec.path)
         self._full.no_padding()
         self._full.no_truncation()
+        post = self._full.post_processor
+        self._specials_per_text = post.num_special_tokens_to_add(False) if post is not None else 0
 
     def encode(self, texts: Sequence[str], truncate: bool) -> list[np.ndarray]:
         """Token ids per text; raises InputTooLong for the first over-long text when not truncating."""
@@ -75,6 +82,22 @@ class TextTokenizer:
             for text, encoding in zip(texts, encodings)
         ]
 
+    def count_tokens(self, texts: Sequence[str], add_special_tokens: bool, stop_above: int) -> int:
+        """How many tokens `tokens` would answer, in pieces of bounded size, stopping past `stop_above`.
+
+        Once the count passes `stop_above` it is returned at once, so a huge text costs a fraction of
+        its full tokenization and one piece's memory. Texts are cut at whitespace between pieces,
+        which can move the count by a token or so at each cut: an estimate for refusing early.
+        """
+        specials = self._specials_per_text * len(texts) if add_special_tokens else 0
+        total = specials
+        for pieces in _pieces(texts, COUNT_CHUNK_CHARS):
+            encodings = self._full.encode_batch_fast(pieces, add_special_tokens=False)
+            total += sum(len(encoding.ids) for encoding in encodings)
+            if total > stop_above:
+                break
+        return total
+
     def text_of_tokens(self, tokens: int) -> str:
         """A natural text whose encoding is exactly `tokens` ids long (special tokens included)."""
         if tokens < 2 or tokens > self.max_tokens:
@@ -95,6 +118,33 @@ class TextTokenizer:
 
     def make_query(self, tokens: int) -> np.ndarray:
         return self.encode([self.text_of_tokens(tokens)], truncate=False)[0]
+
+
+def _pieces(texts: Sequence[str], size: int) -> Iterator[list[str]]:
+    """The texts, in order, in lists of at most about `size` characters; long texts cut at whitespace."""
+    batch: list[str] = []
+    held = 0
+    for piece in _cut(texts, size):
+        if batch and held + len(piece) > size:
+            yield batch
+            batch, held = [], 0
+        batch.append(piece)
+        held += len(piece)
+    if batch:
+        yield batch
+
+
+def _cut(texts: Sequence[str], size: int) -> Iterator[str]:
+    for text in texts:
+        start = 0
+        while len(text) - start > size:
+            end = start + size
+            # Cutting inside a word would count it as two; a text without whitespace is cut anyway.
+            space = _LAST_SPACE.search(text, start + size // 2, end)
+            cut = space.start() if space else end
+            yield text[start:cut]
+            start = cut
+        yield text[start:]
 
 
 def load_fast_tokenizer(path: Path) -> Tokenizer:

@@ -8,55 +8,19 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections import Counter
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from queue_manager.manager import QueueManager
 from queue_manager.pool import Request, TokenCharge
-from queue_manager.protocol import Busy, InstanceFailed, QueryFailed
+from queue_manager.protocol import Busy, QueryFailed, Unavailable
 from tests.collector import cycles_left
-
-DIM = 4
-
-
-class ControlledInstance:
-    """Each embed call waits until the test completes or fails it."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.pending: asyncio.Future | None = None
-        self.batch: list[np.ndarray] = []
-        self.calls = 0
-
-    async def start(self) -> None:
-        pass
-
-    async def embed(self, sequences):
-        self.calls += 1
-        self.batch = list(sequences)
-        self.pending = asyncio.get_running_loop().create_future()
-        try:
-            return await self.pending
-        finally:
-            self.pending = None
-
-    def complete(self) -> None:
-        vectors = np.zeros((len(self.batch), DIM), dtype=np.float32)
-        vectors[:, 0] = [seq[0] for seq in self.batch]  # the query's marker comes back in its row
-        self.pending.set_result(vectors)
-
-    def fail(self) -> None:
-        self.pending.set_exception(InstanceFailed(f"{self.name} died"))
-
-    async def restart(self) -> None:
-        pass
-
-    async def close(self) -> None:
-        pass
+from tests.queue_manager.doubles import ControlledInstance, markers_of, queries, settle
 
 
 class DispatchMachine(RuleBasedStateMachine):
@@ -72,56 +36,101 @@ class DispatchMachine(RuleBasedStateMachine):
     )
     def setup(self, acc_depth, cpu_depth, acc_instances, cpu_instances, heterogeneous, max_batch):
         self.loop = asyncio.new_event_loop()
-        self.acc = [ControlledInstance(f"acc{i}") for i in range(acc_instances)]
-        self.cpu = [ControlledInstance(f"cpu{i}") for i in range(cpu_instances)]
+        self.forbidden: set[int] = set()  # markers of requests whose caller left
+        self.acc = [ControlledInstance(f"acc{i}", self.forbidden) for i in range(acc_instances)]
+        self.cpu = [ControlledInstance(f"cpu{i}", self.forbidden) for i in range(cpu_instances)]
         self.qm = QueueManager(
             [("accelerator", acc_depth, self.acc), ("cpu", cpu_depth, self.cpu)],
             heterogeneous=heterogeneous,
             max_batch_size=max_batch,
         )
         self.loop.run_until_complete(self.qm.start())
-        self.requests: list[tuple[asyncio.Task, list[int]]] = []
-        self.results: dict[int, str] = {}
+        self.admitted: list[Request] = []
+        admit = self.qm.admit
+
+        def recorded(*args, **kwargs) -> Request:
+            self.admitted.append(admit(*args, **kwargs))
+            return self.admitted[-1]
+
+        self.qm.admit = recorded
+        # (task or request, markers, abandoned): submit() runs in a task; admit() is the dispatcher's way.
+        self.requests: list[list] = []
 
     def settle(self) -> None:
         for _ in range(20):
             self.loop.run_until_complete(asyncio.sleep(0))
 
+    def in_loop(self, function, *args):
+        """`function(*args)` called on the running loop, as the dispatcher calls admit and cancel;
+        its result, or the Busy or Unavailable it raised."""
+
+        async def call():
+            try:
+                return function(*args)
+            except (Busy, Unavailable) as refusal:
+                return refusal
+
+        return self.loop.run_until_complete(call())
+
     def pools(self):
         return {pool.name: pool for pool in self.qm.pools}
 
-    @rule(size=st.integers(1, 5))
-    def submit(self, size):
+    def eligible(self):
+        return self.qm.pools if self.qm.heterogeneous else self.qm.pools[:1]
+
+    @rule(size=st.integers(1, 12), via_admit=st.booleans())
+    def submit(self, size, via_admit):
         pools = self.pools()
         acc, cpu = pools["accelerator"], pools["cpu"]
-        acc_room, cpu_room = acc.depth - acc.in_flight, cpu.depth - cpu.in_flight
+        acc_room, cpu_room = max(0, acc.depth - acc.in_flight), max(0, cpu.depth - cpu.in_flight)
         acc_before, cpu_before = acc.in_flight, cpu.in_flight
         acc_up = any(slot.healthy for slot in acc.instances)
         cpu_up = self.qm.heterogeneous and any(slot.healthy for slot in cpu.instances)
         capacity = (acc_room if acc_up else 0) + (cpu_room if cpu_up else 0)
+        waiting = self.qm.snapshot()["bulk"]["queries_waiting"]
+        bound = 4 * sum(pool.depth for pool in self.eligible())
+        if not (acc_up or cpu_up):
+            expected = Unavailable
+        elif size <= capacity:
+            expected = "interactive"
+        elif capacity and (waiting == 0 or waiting + size <= bound):
+            expected = "bulk"
+        else:
+            expected = Busy
+        event(f"admission: {expected if isinstance(expected, str) else expected.__name__}")
         # The early check the HTTP path makes before tokenizing refuses exactly what admission
         # would (this machine sets no token budget, the one thing it cannot see).
         try:
             self.qm.check_room(size)
-            refused_early = False
-        except Busy:
-            refused_early = True
-        assert refused_early == (size > capacity)
+            early = None
+        except (Busy, Unavailable) as refusal:
+            early = type(refusal)
+        assert early == (expected if expected in (Busy, Unavailable) else None)
         markers = [next(self.markers) for _ in range(size)]
-        task = self.loop.create_task(self.qm.submit([np.array([m]) for m in markers]))
+        if via_admit:
+            handle = self.in_loop(self.qm.admit, queries(markers))
+        else:
+            handle = self.loop.create_task(self.qm.submit(queries(markers)))
         self.settle()
-        if size > capacity:
-            # BUSY, and nothing of the request stays behind.
-            assert task.done() and isinstance(task.exception(), Busy)
+        if expected in (Busy, Unavailable):
+            # Refused, and nothing of the request stays behind.
+            refusal = handle if via_admit else handle.exception()
+            assert type(refusal) is expected
             assert (acc.in_flight, cpu.in_flight) == (acc_before, cpu_before)
+            assert self.qm.snapshot()["bulk"]["queries_waiting"] == waiting
             return
-        to_acc = min(size, acc_room) if acc_up else 0
-        # The accelerator pool takes all it has room for; the CPU pool only the rest.
-        assert acc.in_flight - acc_before == to_acc
-        assert cpu.in_flight - cpu_before == size - to_acc
+        assert not isinstance(handle, Exception)
+        if expected == "interactive":
+            assert not self.admitted[-1].bulk
+            to_acc = min(size, acc_room) if acc_up else 0
+            # The accelerator pool takes all it has room for; the CPU pool only the rest.
+            assert acc.in_flight - acc_before == to_acc
+            assert cpu.in_flight - cpu_before == size - to_acc
+        else:
+            assert self.admitted[-1].bulk and self.admitted[-1].n == size
         if not self.qm.heterogeneous:
             assert cpu.in_flight == 0
-        self.requests.append((task, markers))
+        self.requests.append([handle, markers, False])
 
     def busy_instances(self):
         return [inst for inst in self.acc + self.cpu if inst.pending is not None]
@@ -138,17 +147,45 @@ class DispatchMachine(RuleBasedStateMachine):
         data.draw(st.sampled_from(self.busy_instances())).fail()
         self.settle()
 
-    @precondition(lambda self: any(not task.done() for task, _ in self.requests))
+    def open_requests(self):
+        return [entry for entry in self.requests if not entry[2] and not done(entry[0])]
+
+    @precondition(lambda self: self.open_requests())
     @rule(data=st.data())
     def cancel_request(self, data):
-        open_requests = [task for task, _ in self.requests if not task.done()]
-        data.draw(st.sampled_from(open_requests)).cancel()
+        entry = data.draw(st.sampled_from(self.open_requests()))
+        handle, markers = entry[0], entry[1]
+        entry[2] = True
+        self.forbidden.update(markers)  # no batch may start with them from now on
+        if isinstance(handle, asyncio.Task):
+            handle.cancel()
+        else:
+            self.in_loop(self.qm.cancel, handle)
+        self.settle()
+
+    @rule(data=st.data(), depth=st.integers(1, 6))
+    def set_depth(self, data, depth):
+        # A calibration (or the depth control) moves a depth while queries are in flight.
+        pool = data.draw(st.sampled_from(self.qm.pools))
+        self.in_loop(self.qm.set_depth, pool.name, depth)
+        self.settle()
+
+    @rule(data=st.data())
+    def declare_an_instance_down(self, data):
+        self.in_loop(self.qm.instance_down, data.draw(st.sampled_from(self.acc + self.cpu)))
         self.settle()
 
     @invariant()
     def depths_hold(self):
+        # Over its depth only after the depth fell under what was in flight, and then only draining.
+        seen = getattr(self, "seen", {})
         for pool in self.qm.pools:
-            assert 0 <= pool.in_flight <= pool.depth
+            before_in_flight, before_bulk = seen.get(pool.name, (0, 0))
+            assert 0 <= pool.in_flight <= max(pool.depth, before_in_flight)
+            bulk_limit = max(1, pool.depth // 2)  # bulk_share 0.5
+            assert 0 <= pool.bulk_in_flight <= max(bulk_limit, before_bulk)
+            seen[pool.name] = (pool.in_flight, pool.bulk_in_flight)
+        self.seen = seen
 
     @invariant()
     def every_slot_taken_is_a_query_in_a_queue_or_batch(self):
@@ -157,43 +194,78 @@ class DispatchMachine(RuleBasedStateMachine):
             assert pool.in_flight == held
 
     @invariant()
+    def waiting_bulk_takes_every_slot_it_may(self):
+        backlog = self.qm._backlog
+        if backlog:
+            for pool in self.eligible():
+                if pool.least_loaded() is not None:
+                    assert pool.bulk_room(self.qm.bulk_share) == 0
+            # FIFO: only the oldest bulk request has queries admitted while others wait.
+            assert all(request.admitted == 0 for request in list(backlog.requests)[1:])
+
+    @invariant()
+    def each_query_is_answered_at_most_once(self):
+        answered = sum((inst.completed for inst in self.acc + self.cpu), Counter())
+        assert all(count == 1 for count in answered.values())
+
+    @invariant()
     def answers_are_right_and_whole(self):
-        for task, markers in self.requests:
-            if task.done() and not task.cancelled() and task.exception() is None:
-                assert task.result()[:, 0].tolist() == markers
+        for handle, markers, _ in self.requests:
+            if done(handle) and outcome(handle) is None:
+                assert markers_of(result(handle)) == markers
 
     def teardown(self):
-        # Drain: finish every batch until nothing is pending; every request must end.
-        for _ in range(200):
+        # Finish every batch until nothing is pending: every admitted request must end, the bulk
+        # ones included (bulk never starves).
+        for _ in range(500):
             busy = self.busy_instances()
             if not busy:
                 break
             for inst in busy:
                 inst.complete()
             self.settle()
-        for task, markers in self.requests:
-            assert task.done(), "an admitted request never ended"
-            if not task.cancelled():
-                error = task.exception()
-                assert error is None or isinstance(error, QueryFailed)
-                if error is None:
-                    assert task.result()[:, 0].tolist() == markers
+        assert not self.qm._backlog, "bulk requests still wait with every instance idle"
+        answered = sum((inst.completed for inst in self.acc + self.cpu), Counter())
+        for handle, markers, abandoned in self.requests:
+            if abandoned and not done(handle):
+                continue  # qm.cancel() leaves the future to its caller, who has gone
+            assert done(handle), "an admitted request never ended"
+            error = outcome(handle)
+            if abandoned and isinstance(error, asyncio.CancelledError):
+                continue
+            assert error is None or isinstance(error, QueryFailed), error
+            if error is None:
+                assert markers_of(result(handle)) == markers
+                assert all(answered[m] == 1 for m in markers)
         for pool in self.qm.pools:
-            assert pool.in_flight == 0 and pool.tokens_in_flight == 0
+            assert pool.in_flight == 0 and pool.tokens_in_flight == 0 and pool.bulk_in_flight == 0
         self.loop.run_until_complete(self.qm.close())
         self.loop.close()
+
+
+def _future(handle) -> asyncio.Future:
+    return handle if isinstance(handle, asyncio.Task) else handle.future
+
+
+def done(handle) -> bool:
+    return _future(handle).done()
+
+
+def outcome(handle) -> BaseException | None:
+    future = _future(handle)
+    if future.cancelled():
+        return asyncio.CancelledError()
+    return future.exception()
+
+
+def result(handle):
+    return _future(handle).result()
 
 
 DispatchMachine.TestCase.settings = settings(
     max_examples=150, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 test_dispatch_invariants = DispatchMachine.TestCase
-
-
-async def settle() -> None:
-    """Let every ready task run until nothing more can happen without the test's next event."""
-    for _ in range(20):
-        await asyncio.sleep(0)
 
 
 async def started_budget_pool(
@@ -415,18 +487,20 @@ def test_a_failed_request_drops_its_queued_queries_and_is_freed_without_the_garb
         record_requests(qm, created)
         await qm.start()
         request = asyncio.create_task(qm.submit([np.array([1]), np.array([2]), np.array([3])]))
-        await settle()  # one query running on each instance, the third queued behind one of them
-        a.fail()  # its queries move to b; a restarts
+        await settle()  # 1 running on a, 2 on b, 3 queued behind 1 on a
+        a.fail()  # 1 (one attempt) and 3 (none: it never ran) move to b; a restarts
         await settle()
-        b.fail()  # the query that already met a fails for good, and with it the request
+        b.complete()  # 2 answered; b runs 1
+        await settle()
+        b.fail()  # 1 meets its second failing instance: the request fails
         await settle()
         with pytest.raises(QueryFailed):
             await request
-        # The query b's failure moved to the restarted a was dropped, not computed for no one.
+        # Query 3, queued on b, was dropped, not moved to the restarted a and computed for no one.
         outcome.update(calls=(a.calls, b.calls), in_flight=qm.in_flight, pending=(a.pending, b.pending))
         await qm.close()
 
     with cycles_left() as found:
         asyncio.run(scenario())
-    assert outcome == {"calls": (1, 1), "in_flight": 0, "pending": (None, None)}
+    assert outcome == {"calls": (1, 2), "in_flight": 0, "pending": (None, None)}
     assert len(created) == 1 and [o.n for o in found if isinstance(o, Request) and id(o) in created] == []

@@ -85,11 +85,10 @@ def test_burst_fills_accelerator_then_cpu_then_busy(two_pool_server, reference_m
     server = two_pool_server
     info = httpx.get(server.url + "/info").json()
     assert [(p["name"], p["depth"]) for p in info["pools"]] == [("accelerator", ACC_DEPTH), ("cpu", CPU_DEPTH)]
-    # The accelerator pool runs the accelerator path (in-process, one pinned feeding thread) on
-    # core 0; the CPU pool a pinned worker process on core 1.
+    # Both pools run a pinned engine process: the accelerator pool's on core 0, the CPU pool's on core 1.
     accelerator, cpu = (pool["instances"][0] for pool in info["pools"])
-    assert (accelerator["kind"], accelerator["feeding_thread_affinity"]) == ("in-process", [0])
-    assert (cpu["kind"], cpu["ranks"][0]["affinity"]) == ("cpu-worker", [1])
+    assert (accelerator["kind"], accelerator["ranks"][0]["affinity"]) == ("engine-process", [0])
+    assert (cpu["kind"], cpu["ranks"][0]["affinity"]) == ("engine-process", [1])
     before = dispatched(server.url)
     texts = [long_text(i) for i in range(12)]
     bodies = [f'{{"inputs": "{text}"}}'.encode() for text in texts]
@@ -111,16 +110,14 @@ def test_burst_fills_accelerator_then_cpu_then_busy(two_pool_server, reference_m
             assert int(retry_after) >= 1
 
 
-def test_a_request_the_queues_cannot_hold_is_refused_before_its_texts_are_tokenized(two_pool_server):
-    # An over-long text without truncation fails only once the tokenizer has read it.
-    over_long = "retrieval " * 600
-    texts = [over_long] + [long_text(i) for i in range(ACC_DEPTH + CPU_DEPTH)]  # one more than the idle pools hold
-    url = two_pool_server.url
-    refused = httpx.post(url + "/embed", json={"inputs": texts, "truncate": False}, timeout=60)
-    assert refused.status_code == 429 and refused.json()["error_type"] == "overloaded", refused.text
-    assert int(refused.headers["retry-after"]) >= 1
-    held = httpx.post(url + "/embed", json={"inputs": texts[: ACC_DEPTH + CPU_DEPTH], "truncate": False}, timeout=60)
-    assert held.status_code == 422 and "inputs[0]" in held.json()["error"], held.text
+def test_a_request_larger_than_the_free_room_is_answered_whole_in_parts(two_pool_server, reference_model):
+    # Two and a half times what both idle pools hold at once: bulk, admitted in parts as room frees.
+    texts = [long_text(100 + i) for i in range(2 * (ACC_DEPTH + CPU_DEPTH) + 2)]
+    answer = httpx.post(two_pool_server.url + "/embed", json={"inputs": texts}, timeout=120)
+    assert answer.status_code == 200, answer.text
+    got = np.array(answer.json())
+    want = reference_model.encode(texts, normalize_embeddings=True)
+    assert got.shape == want.shape and float(np.min(np.sum(got * want, axis=1))) > 0.9999
 
 
 def _worker_pids(url: str, pool: str) -> list[int]:

@@ -9,24 +9,23 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
-from fastapi.exceptions import RequestValidationError
-from starlette.requests import Request
 
 import windve
 from windve.cache import create_cache
-from windve.frontend.errors import VALIDATION, ApiError
+from windve.frontend.context import FrontEnd, start_local_front_end
+from windve.frontend.fallbacks import install_fallbacks
 from windve.frontend.pipeline import EmbeddingPipeline
 from windve.frontend.routes import router
+from windve.frontend.tokenize_limits import BUDGET_REQUESTS, TokenBudget
 from windve.gc_tuning import tune_gc_for_serving
-from windve.service import Runtime
 from windve.settings import Settings
 
 log = logging.getLogger(__name__)
 
-RuntimeFactory = Callable[[Settings], Awaitable[Runtime]]
+RuntimeFactory = Callable[[Settings], Awaitable[FrontEnd]]
 
 
-def create_app(settings: Settings, start_runtime: RuntimeFactory = Runtime.start, on_fatal=None) -> FastAPI:
+def create_app(settings: Settings, start_runtime: RuntimeFactory = start_local_front_end, on_fatal=None) -> FastAPI:
     """The app answers at once (/health 503) and loads the model in the background.
 
     `on_fatal(message)` is called when the runtime cannot start, so the server can exit.
@@ -58,12 +57,9 @@ def create_app(settings: Settings, start_runtime: RuntimeFactory = Runtime.start
     app.state.pipeline = None
     app.state.startup_error = None
     app.state.ready_since = None
+    app.state.tokenize_budget = TokenBudget(BUDGET_REQUESTS * settings.max_tokenize_tokens)
     app.include_router(router)
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation(request: Request, exc: RequestValidationError):
-        return ApiError(422, str(exc.errors()[0].get("msg", exc)), VALIDATION).tei_response()
-
+    install_fallbacks(app)
     return app
 
 
@@ -82,5 +78,5 @@ async def _start(app: FastAPI, settings: Settings, start_runtime: RuntimeFactory
     app.state.ready_since = int(time.time())
     app.state.pipeline = EmbeddingPipeline(runtime, cache=create_cache(settings))
     tune_gc_for_serving()
-    log.info("ready: %s on pools %s", runtime.spec.name, ", ".join(runtime.pool_names))
+    log.info("front end ready: %s", runtime.spec.name)
 

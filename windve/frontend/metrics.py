@@ -6,10 +6,22 @@ from prometheus_client import Counter, Histogram
 
 from queue_manager.metrics import LATENCY_BUCKETS
 
+# Tokenizing a request takes from tens of microseconds (one short text) to about a second (a full body).
+TOKENIZATION_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+# Tokens of one request: from one short text to 2048 inputs at 512 tokens.
+TOKEN_COUNT_BUCKETS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 65536, 262144, 1048576)
+
 REQUESTS = Counter("windve_requests", "HTTP embedding requests answered", ["route", "status"])
 ERRORS = Counter("windve_errors", "Embedding requests answered with an error", ["route", "error_type"])
 TOKENS = Counter("windve_input_tokens", "Tokens of the inputs embedded (after truncation)")
 INPUTS = Counter("windve_inputs", "Texts embedded")
 E2E_TIME = Histogram(
     "windve_request_seconds", "End-to-end time of an embedding request", ["route"], buckets=LATENCY_BUCKETS
+)
+TOKENIZATION_TIME = Histogram(
+    "windve_tokenization_seconds", "Time to tokenize the inputs of one embedding request", buckets=TOKENIZATION_BUCKETS
+)
+REQUEST_TOKENS = Histogram(
+    "windve_request_input_tokens", "Tokens of one embedding request's inputs (after truncation)",
+    buckets=TOKEN_COUNT_BUCKETS,
 )

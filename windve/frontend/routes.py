@@ -10,21 +10,23 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import hmac
 import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from fastapi import APIRouter
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import Response
 
 import windve
 from windve.frontend import metrics
+from windve.frontend.auth import check_api_key
 from windve.frontend.body import read_json
-from windve.frontend.errors import NOT_FOUND, UNAUTHORIZED, ApiError, json_response
+from windve.frontend.dimensions import allowed_dimensions, cut, requested_dimensions
+from windve.frontend.errors import MODEL_NOT_FOUND, ApiError, json_response
+from windve.frontend.exposition import combined_metrics
 from windve.frontend.pipeline import ClientGone, EmbeddingPipeline
 from windve.frontend.schemas import (
     EmbedRequest,
@@ -39,30 +41,22 @@ from windve.frontend.schemas import (
     parse,
     request_schema,
 )
+from windve.frontend.tokenize_limits import tokenize_within_limits
 
 router = APIRouter()
 
 BodyModel = TypeVar("BodyModel", bound=BaseModel)
 
 CLIENT_CLOSED = 499  # nginx's code: nobody reads it, but logs and metrics say what happened
+MODEL_PATHS = ("/v1/models/", "/models/")  # where one model is looked up by id
 
 _TEI_ERRORS = {code: {"model": TeiError} for code in (401, 413, 422, 429, 503)}
-_OPENAI_ERRORS = {code: {"model": OpenAIError} for code in (401, 413, 422, 429, 503)}
+_OPENAI_ERRORS = {code: {"model": OpenAIError} for code in (400, 401, 413, 429, 503)}
 _MODELS_ERRORS = {code: {"model": OpenAIError} for code in (401, 503)}
 
 
 def _state(request: Request):
     return request.app.state
-
-
-def check_api_key(request: Request) -> None:
-    expected = _state(request).settings.api_key
-    if not expected:
-        return
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected.encode()):
-        raise ApiError(401, "missing or wrong API key: send `Authorization: Bearer <key>`", UNAUTHORIZED)
 
 
 async def _request_body(request: Request, model: type[BodyModel]) -> BodyModel:
@@ -113,8 +107,10 @@ _EMBED_ROUTE = {
 async def embed(request: Request) -> Response:
     async def handle() -> Response:
         body = await _request_body(request, EmbedRequest)
-        vectors, _ = await _pipeline(request).embed(body.texts, body.normalize, body.truncate, request, "inputs")
-        return json_response(vectors)
+        pipeline = _pipeline(request)
+        dimensions = requested_dimensions(body.dimensions, pipeline.runtime.spec, _state(request).settings)
+        vectors, _ = await pipeline.embed(body.texts, body.normalize, body.truncate, request, "inputs")
+        return json_response(cut(vectors, dimensions, renormalize=body.normalize))
 
     return await _answered(request, "embed", handle, ApiError.tei_response)
 
@@ -131,9 +127,15 @@ async def tokenize(request: Request) -> Response:
         body = await _request_body(request, TokenizeRequest)
         pipeline = _pipeline(request)
         pipeline.check_inputs(body.texts, "inputs")
-        # A full-size body takes most of a second to tokenize: off the event loop, which serves the queues.
-        rows = await asyncio.to_thread(pipeline.runtime.tokenizer.tokens, body.texts, body.add_special_tokens)
-        return json_response(rows)
+        state = _state(request)
+        answer = await tokenize_within_limits(
+            pipeline.runtime.tokenizer,
+            body.texts,
+            body.add_special_tokens,
+            state.settings.max_tokenize_tokens,
+            state.tokenize_budget,
+        )
+        return Response(answer, media_type="application/json")
 
     return await _answered(request, "tokenize", handle, ApiError.tei_response)
 
@@ -152,12 +154,9 @@ async def openai_embeddings(request: Request) -> Response:
         body = await _request_body(request, OpenAIEmbeddingRequest)
         pipeline = _pipeline(request)
         spec = pipeline.runtime.spec
-        if body.dimensions is not None and body.dimensions != spec.dim:
-            raise ApiError(
-                422, f"dimensions={body.dimensions} is not supported: {spec.name} has {spec.dim}", "validation",
-                param="dimensions",
-            )
+        dimensions = requested_dimensions(body.dimensions, spec, _state(request).settings)
         vectors, tokens = await pipeline.embed(body.texts, spec.normalize, None, request, "input")
+        vectors = cut(vectors, dimensions, renormalize=spec.normalize)
         if body.encoding_format == "base64":
             items = [base64.b64encode(row.astype("<f4").tobytes()).decode() for row in vectors]
         else:
@@ -193,19 +192,29 @@ async def openai_models(request: Request) -> Response:
     return await _answered(request, "models", handle, ApiError.openai_response)
 
 
-@router.get(
-    "/v1/models/{model_id:path}",
-    summary="One model by id (OpenAI models shape); 404 for any but the served one",
-    response_model=OpenAIModel,
-    responses={**_MODELS_ERRORS, 404: {"model": OpenAIError}},
-)
+_MODEL_ROUTE = {
+    "response_model": OpenAIModel,
+    "responses": {**_MODELS_ERRORS, 404: {"model": OpenAIError}},
+}
+
+
+@router.get("/v1/models/{model_id:path}", summary="One model by id (OpenAI shape); 404 for any but the served one",
+            **_MODEL_ROUTE)
+@router.get("/models/{model_id:path}", summary="Same as /v1/models/{model_id}, at Infinity's default path",
+            **_MODEL_ROUTE)
 async def openai_model(request: Request, model_id: str) -> Response:
+    return await model_by_id(request, model_id)
+
+
+async def model_by_id(request: Request, model_id: str) -> Response:
+    """The served model's object if `model_id` names it, else OpenAI's 404 model_not_found."""
+
     async def handle() -> Response:
         model = _served_model(request)
         if model_id != model["id"]:
             raise ApiError(
-                404, f"the model '{model_id}' does not exist here; this service serves '{model['id']}'", NOT_FOUND,
-                param="model",
+                404, f"the model {model_id!r} does not exist here; this service serves {model['id']!r}",
+                MODEL_NOT_FOUND, param="model",
             )
         return json_response(model)
 
@@ -215,20 +224,14 @@ async def openai_model(request: Request, model_id: str) -> Response:
 @router.get("/health", summary="200 when every pool can serve, 503 while loading or broken")
 @router.get("/", summary="Same as /health, at the root where TEI answers it")
 async def health(request: Request) -> Response:
+    """From the dispatcher's board (or its in-process state): never waits behind embedding work."""
     state = _state(request)
-    runtime = state.runtime
     if state.startup_error:
         return json_response({"status": "failed", "error": state.startup_error}, 503)
-    if runtime is None or not runtime.ready:
+    if state.runtime is None:
         return json_response({"status": "starting"}, 503)
-    qm = runtime.queue_manager
-    if qm.draining:
-        return json_response({"status": "draining"}, 503)
-    if not qm.healthy():
-        return json_response({"status": "unhealthy", "pools": qm.snapshot()["pools"]}, 503)
-    if not qm.all_instances_healthy():
-        return json_response({"status": "degraded", "pools": qm.snapshot()["pools"]}, 200)
-    return json_response({"status": "ok"})
+    status = state.runtime.dispatcher.status()
+    return json_response(status, 200 if status["status"] in ("ok", "degraded") else 503)
 
 
 @router.get("/info", summary="Model, devices, pools, queue depths, SLO, version")
@@ -247,6 +250,7 @@ async def info(request: Request) -> Response:
         "max_client_batch_size": settings.max_client_batch_size,
         "max_batch_size": settings.max_batch_size,
         "max_batch_tokens": settings.max_batch_tokens,
+        "max_tokenize_tokens": settings.max_tokenize_tokens,
     }
     if runtime is not None:
         spec = runtime.spec
@@ -268,11 +272,22 @@ async def info(request: Request) -> Response:
             "normalize": spec.normalize,
             "engine": settings.engine,
             "dtype": runtime.dtype,
+            "dimensions": list(allowed_dimensions(spec, settings)),
         }
-        body.update(runtime.info())
+        try:
+            body.update(await runtime.dispatcher.info())
+        except (asyncio.TimeoutError, OSError) as error:
+            body["dispatcher_error"] = f"the dispatcher did not answer: {error or type(error).__name__}"
     return json_response(body)
 
 
 @router.get("/metrics", summary="Prometheus metrics")
-async def prometheus_metrics() -> Response:
-    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+async def prometheus_metrics(request: Request) -> Response:
+    front_end = _state(request).runtime
+    dispatcher_text = b""
+    if front_end is not None:
+        try:
+            dispatcher_text = await front_end.dispatcher.metrics_text()
+        except (asyncio.TimeoutError, OSError):
+            pass  # the front end's own metrics still answer while the dispatcher is busy or gone
+    return Response(combined_metrics(dispatcher_text), media_type=CONTENT_TYPE_LATEST)

@@ -24,6 +24,13 @@ def as_list(texts: str | list[str]) -> list[str]:
     return [texts] if isinstance(texts, str) else texts
 
 
+_DIMENSIONS = (
+    "Matryoshka models: keep the first `dimensions` components (renormalized when the embeddings are "
+    "normalized). Allowed: the model's size, and the sizes the model or the setting matryoshka_dims "
+    "declare (/info model.dimensions)"
+)
+
+
 class _TeiInputs(BaseModel):
     """The texts of a TEI request, and the options TEI clients send that this service cannot honour."""
 
@@ -53,6 +60,7 @@ class EmbedRequest(_TeiInputs):
         None, description="Cut inputs longer than the model's limit (default: the server's setting)"
     )
     truncation_direction: StrictStr | None = Field(None, description="Only `right`: inputs are cut at the end")
+    dimensions: StrictInt | None = Field(None, description=_DIMENSIONS)
 
     @field_validator("truncation_direction")
     @classmethod
@@ -84,7 +92,7 @@ class OpenAIEmbeddingRequest(BaseModel):
     input: StrictStr | list[StrictStr] = Field(description="One text or a list of texts")
     model: StrictStr | None = Field(None, description="Accepted for compatibility; the served model answers")
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: StrictInt | None = Field(None, description="Must equal the model's dimension if given")
+    dimensions: StrictInt | None = Field(None, description=_DIMENSIONS)
     user: StrictStr | None = None
 
     @property

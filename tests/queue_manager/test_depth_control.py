@@ -1,0 +1,288 @@
+"""Online depth control: the live fit, the controller's steps, and a pool that slows down and recovers,
+all on virtual clocks."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from prometheus_client import REGISTRY
+
+from estimator.fit import DEFAULT_HEADROOM as CALIBRATION_HEADROOM
+from queue_manager.depth_control import (
+    DEFAULT_HEADROOM,
+    ControlSettings,
+    DecayedLine,
+    DepthController,
+    fit_nonnegative,
+)
+from queue_manager.manager import QueueManager
+from queue_manager.pool import TokenCharge
+from queue_manager.simulation import Scenario, run_scenario
+from tests.queue_manager.doubles import ControlledInstance, queries, settle
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_headroom_is_the_calibrations():
+    assert DEFAULT_HEADROOM == CALIBRATION_HEADROOM
+
+
+# ---- the fit ----------------------------------------------------------------------------
+
+
+def weighted_error(alpha, beta, levels, means, weights) -> float:
+    return sum(w * (t - alpha * c - beta) ** 2 for c, t, w in zip(levels, means, weights))
+
+
+@given(
+    points=st.lists(
+        st.tuples(st.integers(1, 200), st.floats(0, 5), st.floats(0.01, 10)),
+        min_size=2,
+        max_size=12,
+        unique_by=lambda point: point[0],
+    )
+)
+def test_the_fit_is_the_best_nonnegative_line(points):
+    levels, means, weights = (list(column) for column in zip(*points))
+    line = fit_nonnegative(levels, means, weights)
+    assert line is not None and line.alpha >= 0 and line.beta >= 0
+    best = weighted_error(line.alpha, line.beta, levels, means, weights)
+    # No non-negative line near it, nor on either boundary, does better.
+    candidates = itertools.product(
+        [0.0, line.alpha * 0.9, line.alpha * 1.1, line.alpha + 1e-3],
+        [0.0, line.beta * 0.9, line.beta * 1.1, line.beta + 1e-3],
+    )
+    for alpha, beta in candidates:
+        assert best <= weighted_error(alpha, beta, levels, means, weights) * (1 + 1e-9) + 1e-12
+
+
+@given(alpha=st.floats(0, 0.1), beta=st.floats(0, 2))
+def test_the_fit_recovers_a_line_exactly(alpha, beta):
+    levels = [1, 5, 20, 60]
+    line = fit_nonnegative(levels, [alpha * c + beta for c in levels], [1.0, 2.0, 3.0, 0.5])
+    assert line.alpha == pytest.approx(alpha, abs=1e-9) and line.beta == pytest.approx(beta, abs=1e-9)
+
+
+def test_one_level_is_no_line():
+    assert fit_nonnegative([8], [0.5], [3.0]) is None
+
+
+def test_old_samples_fade_with_the_half_life():
+    line = DecayedLine(half_life=2.0)
+    for c in (10, 20):
+        line.add(c, 0.01 * c)  # t = 0.01 C
+    line.decay(2.0)
+    assert line.weight == pytest.approx(1.0)  # two samples, one half-life
+    for c in (10, 20):
+        for _ in range(30):
+            line.add(c, 0.02 * c + 0.1)  # the pool slowed: t = 0.02 C + 0.1
+    fit = line.fit()
+    assert fit.alpha == pytest.approx(0.02, rel=0.05) and fit.beta == pytest.approx(0.1, rel=0.1)
+
+
+# ---- the controller ---------------------------------------------------------------------
+
+SETTINGS = ControlSettings(slo=1.0, min_samples=10)
+
+
+def feed(controller: DepthController, clock: Clock, concurrency: int, seconds: float, count: int = 10) -> None:
+    for _ in range(count):
+        controller.observe(concurrency, seconds, admitted=clock.now, now=clock.now + seconds)
+    clock.now += seconds
+
+
+def test_a_tail_over_the_slo_cuts_the_depth_at_once_but_at_most_by_half():
+    clock = Clock()
+    controller = DepthController(SETTINGS, seed=40, now=0.0)
+    feed(controller, clock, 40, 1.2)
+    move = controller.step(40, was_full=True, now=clock.now)
+    # The tail says 40 * 0.85 / 1.2 = 28 would meet the SLO with its headroom.
+    assert (move.depth, move.direction) == (28, "down") and "p99 1.200 s > SLO" in move.reason
+    feed(controller, clock, 28, 100.0)  # far over: at most half per step, never under 1
+    depths = [28]
+    for _ in range(8):
+        move = controller.step(depths[-1], was_full=True, now=clock.now)
+        depths.append(move.depth if move else depths[-1])
+        feed(controller, clock, depths[-1], 100.0)
+    assert depths == [28, 14, 7, 4, 2, 1, 1, 1, 1]
+
+
+def test_the_depth_rises_in_bounded_steps_only_where_the_pool_was_full_and_never_past_the_cap():
+    clock = Clock()
+    controller = DepthController(SETTINGS, seed=10, now=0.0)  # ceiling 20
+    depth = 10
+    feed(controller, clock, depth, 0.1)
+    assert controller.step(depth, was_full=False, now=clock.now) is None  # room to spare: no evidence
+    seen = []
+    for _ in range(20):
+        move = controller.step(depth, was_full=True, now=clock.now)
+        if move:
+            assert move.direction == "up" and move.depth <= max(depth + 1, int(depth * 1.1))
+            depth = move.depth
+        seen.append(depth)
+        feed(controller, clock, depth, 0.1)
+    assert seen[-1] == 20 == controller.ceiling
+
+
+def test_a_step_waits_for_answers_admitted_at_the_depth_in_force():
+    clock = Clock()
+    controller = DepthController(SETTINGS, seed=40, now=0.0)
+    feed(controller, clock, 40, 2.0)
+    assert controller.step(40, was_full=True, now=clock.now).depth < 40
+    # The answers of requests admitted before the cut say nothing of the new depth: no second cut.
+    for _ in range(10):
+        controller.observe(40, 2.0, admitted=clock.now - 3.0, now=clock.now)
+    assert controller.step(20, was_full=True, now=clock.now + 0.5) is None
+    feed(controller, clock, 9, 1.0, count=5)  # fewer than min_samples
+    assert controller.step(20, was_full=True, now=clock.now) is None
+
+
+# ---- in the queue manager ---------------------------------------------------------------
+
+
+async def two_pools(**kwargs) -> tuple[ControlledInstance, ControlledInstance, QueueManager, Clock]:
+    clock = Clock()
+    acc, cpu = ControlledInstance("acc0"), ControlledInstance("cpu0")
+    pools = [("accelerator", 4, [acc]), ("cpu", 4, [cpu])]
+    qm = QueueManager(pools, max_batch_size=8, slo=1.0, now=clock, control_interval=None, **kwargs)
+    await qm.start()
+    return acc, cpu, qm, clock
+
+
+def test_a_request_remembers_each_pools_load_and_each_pool_is_charged_its_own_time():
+    async def scenario():
+        acc, cpu, qm, clock = await two_pools()
+        first = qm.admit(queries([1]))
+        await settle()  # running alone
+        split = qm.admit(queries([2, 3, 4, 5]))  # 3 to the accelerator (then full), 1 to the CPU
+        assert [(pool.name, load) for pool, load in split.loads] == [("accelerator", 4), ("cpu", 1)]
+        await settle()
+        clock.now = 0.2
+        cpu.complete()
+        await settle()
+        clock.now = 0.5
+        acc.complete()  # the batch of 1, then 2, 3, 4
+        await settle()
+        clock.now = 0.7
+        acc.complete()
+        await settle()
+        await first.future
+        await split.future
+        qm.record_latency(split, 0.75)  # the caller's time: 0.05 s more than the queue manager's
+        acc_control, cpu_control = (pool.control for pool in qm.pools)
+        assert [(s.concurrency, s.seconds) for s in acc_control.recent] == [(4, 0.75)]
+        # The CPU part was answered 0.5 s before the request's last: its sample is 0.25 s.
+        assert [(s.concurrency, s.seconds) for s in cpu_control.recent] == [(1, pytest.approx(0.25))]
+        await qm.close()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("mode", ["static", "adaptive"])
+def test_only_adaptive_mode_moves_depths_and_both_show_the_live_fit(mode):
+    async def scenario():
+        acc, cpu, qm, clock = await two_pools(depth_control=mode)
+        qm.set_depth("accelerator", 4, token_budget=400, token_charge=TokenCharge())
+        pool = qm.pools[0]
+        pool.was_full = True
+        for level in (2, 4):
+            for _ in range(10):
+                pool.control.observe(level, 1.5 * level, admitted=clock.now, now=clock.now)
+        clock.now = 1.0
+        moves = qm.step()
+        snapshot = qm.snapshot()["pools"][0]
+        control = snapshot["control"]
+        assert control["fit"]["alpha"] == pytest.approx(1.5) and control["fit"]["beta"] == pytest.approx(0.0)
+        assert control["live_p99"] == pytest.approx(6.0) and control["seed"] == 4
+        if mode == "static":
+            assert moves == [] and pool.depth == 4 and pool.token_budget == 400
+        else:
+            assert [(name, move.depth) for name, move in moves] == [("accelerator", 2)]
+            assert pool.depth == 2 and pool.token_budget == 200  # the token budget follows the depth
+            assert control["reason"].startswith("p99 6.000 s > SLO") and control["changed_at"] == 1.0
+        names = ("windve_pool_fit_alpha_seconds", "windve_pool_fit_beta_seconds", "windve_pool_live_p99_seconds")
+        gauges = {name: REGISTRY.get_sample_value(name, {"pool": "accelerator"}) for name in names}
+        assert gauges == {
+            "windve_pool_fit_alpha_seconds": pytest.approx(1.5),
+            "windve_pool_fit_beta_seconds": pytest.approx(0.0),
+            "windve_pool_live_p99_seconds": pytest.approx(6.0),
+        }
+        qm.set_depth("accelerator", 6)  # a new calibration: the depth restarts from it
+        assert pool.depth == 6 and qm.snapshot()["pools"][0]["control"]["ceiling"] == 12
+        await qm.close()
+
+    asyncio.run(scenario())
+
+
+def test_depth_changes_are_counted_by_direction():
+    async def scenario():
+        before = REGISTRY.get_sample_value("windve_pool_depth_changes_total", {"pool": "cpu", "direction": "down"}) or 0
+        _, _, qm, clock = await two_pools(depth_control="adaptive")
+        cpu = qm.pools[1]
+        for _ in range(20):
+            cpu.control.observe(4, 3.0, admitted=0.0, now=0.0)
+        clock.now = 0.5
+        qm.step()
+        after = REGISTRY.get_sample_value("windve_pool_depth_changes_total", {"pool": "cpu", "direction": "down"})
+        assert after - before == 1 and cpu.depth == 2
+        await qm.close()
+
+    asyncio.run(scenario())
+
+
+def test_adaptive_mode_needs_the_slo():
+    with pytest.raises(ValueError, match="SLO"):
+        QueueManager([("cpu", 4, [ControlledInstance("cpu0")])], depth_control="adaptive")
+
+
+# ---- a pool that slows down and recovers, in virtual time --------------------------------
+
+SCENARIO = Scenario()
+
+
+@pytest.fixture(scope="module", params=[SCENARIO.random_seed, 1, 2], ids=lambda seed: f"arrivals{seed}")
+def adaptive(request):
+    """An adaptive run of the scenario, for a few arrival sequences (each run is exact and repeatable)."""
+    scenario = replace(SCENARIO, random_seed=request.param)
+    return scenario, run_scenario(scenario, "adaptive")
+
+
+def windows_p99(record, start: float, stop: float) -> list[float]:
+    return [record.p99_answered(t, t + 1.0) for t in np.arange(start, stop, 1.0)]
+
+
+def test_the_depth_falls_until_the_tail_meets_the_slo_within_10_seconds_of_a_slowdown(adaptive):
+    scenario, record = adaptive
+    assert max(windows_p99(record, scenario.slow_at + 10, scenario.recover_at)) <= scenario.slo
+    assert record.depth_at(scenario.recover_at) < record.depth_at(scenario.slow_at)
+
+
+def test_the_depth_comes_back_within_30_seconds_of_the_recovery(adaptive):
+    scenario, record = adaptive
+    before = record.depth_at(scenario.slow_at)
+    assert record.depth_at(scenario.recover_at + 30) >= 0.8 * before
+    assert max(windows_p99(record, scenario.recover_at + 10, scenario.end)) <= scenario.slo
+
+
+def test_static_depths_never_move_and_miss_the_slo_while_the_pool_is_slow():
+    static = run_scenario(SCENARIO, "static")
+    assert {depth for _, depth in static.depths} == {SCENARIO.seed_depth}
+    assert min(windows_p99(static, SCENARIO.slow_at + 10, SCENARIO.recover_at)) > SCENARIO.slo
+
+
+def test_the_simulation_is_deterministic(adaptive):
+    scenario, record = adaptive
+    again = run_scenario(scenario, "adaptive")
+    assert (again.answers, again.refused, again.depths) == (record.answers, record.refused, record.depths)
