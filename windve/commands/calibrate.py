@@ -1,10 +1,18 @@
-"""`windve calibrate`: profile each pool, fit latency against concurrency, write queue depths.
+"""`windve calibrate`: profile each pool, fit p99 latency against concurrency, write queue depths.
 
-In-process (default): starts the service runtime with the same settings `windve serve`
-uses and profiles each pool through the real dispatch and batching path. With `--url`:
-profiles a running server over HTTP (POST /embed) as one pool named "server".
-Writes the calibration JSON (`--out`), the fit picture (`--plot`), prints a table like the
-WindVE paper's Table III, and publishes to Redis when a Redis URL is configured.
+By default it measures the path that serves. For each pool it starts `windve serve` itself (a
+subprocess on a free 127.0.0.1 port, with this command's settings, static depth control and queue
+depths too large to refuse anything) with only that pool planned, profiles it over HTTP (POST
+/embed), and stops it. One pool per server because over HTTP a request goes to the accelerator pool
+first: the accelerator pool is profiled with heterogeneous off, the cpu pool with no accelerator (on
+the cores the full plan gives it). On a CPU-only machine that is the one cpu pool.
+
+--url profiles a server that is already running, as one pool named "server". --in-process profiles
+each pool through the service runtime in this process, without HTTP (to study a device).
+
+Writes the calibration JSON (--out) and the fit picture (--plot), prints a table like the WindVE
+paper's Table III, and publishes to Redis when a Redis URL is configured. The depths seed the
+service's queue depths; with adaptive depth control the dispatcher moves them at run time.
 """
 
 from __future__ import annotations
@@ -13,33 +21,40 @@ import argparse
 import asyncio
 import dataclasses
 import importlib.util
+import json
 import logging
 import math
+import os
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from estimator.calibration import Calibration, LayoutRecord, save_calibration, to_dict
 from estimator.fit import DEFAULT_DEPTH_CAP, DEFAULT_HEADROOM, depth_for_slo
 from estimator.layouts import choose_layout
-from estimator.pipeline import (
-    CalibrationOptions,
-    CalibrationRunError,
-    calibrate_pools,
-    fit_profile,
-    profile_with_options,
-)
-from estimator.profile import FULL_AIMS_MIN_DEPTH
-from estimator.rounds import Progress, ProgressHook, timed_request
+from estimator.pipeline import CalibrationOptions, CalibrationRunError, calibrate_pool, calibration_of, fit_profile
+from estimator.profile import ProfileOptions, profile_pool
+from estimator.rounds import MakeQuery, Progress, ProgressHook, Submit, timed_request
 from estimator.stress import DEFAULT_STEP
 from windve.gc_tuning import tune_gc_for_serving
+
+if TYPE_CHECKING:  # the command's module is imported for every `windve` command: keep it light
+    from devices import Hardware, Plan
+    from estimator.http_pool import ExactLengthTexts
+    from windve.model import ModelSpec
+    from windve.settings import Settings
 
 log = logging.getLogger("windve.calibrate")
 
 POOL_CHOICES = ("accelerator", "cpu")
 PROG = "windve calibrate"
+# Queue depths of a server started for profiling: deep enough never to refuse a level.
+PROFILING_DEPTH = 1_000_000
+
+OpenPool = Callable[["Settings"], AbstractAsyncContextManager[Submit]]  # settings with one pool planned -> its submit
 
 
 class UsageError(ValueError):
@@ -101,28 +116,28 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    seconds = _positive(float, "--slo")
-    parser.add_argument("--slo", type=seconds, action="append", metavar="SECONDS",
-                        help="latency SLO in seconds; repeat for several (default: 1.0)")
+    parser.add_argument("--slo", type=_positive(float, "--slo"), action="append", metavar="SECONDS",
+                        help="p99 latency SLO in seconds; repeat for several (default: 1.0)")
     parser.add_argument("--query-tokens", type=_positive(int, "--query-tokens"), default=75,
                         help="tokens per profiling query, special tokens included "
                              "(default: %(default)s, as in the paper)")
     add_profile_arguments(parser)
     parser.add_argument("--stress-test", action="store_true",
                         help="also run the stress-test baseline (raise C by --step until the SLO breaks)")
-    parser.add_argument("--fine-tune", action="store_true",
-                        help="adjust each depth around the estimate with all pools loaded together")
     parser.add_argument("--lengths", type=_length_list, metavar="L1,L2,...",
                         help="also profile these query lengths for a length-aware fit and a token budget")
     parser.add_argument("--choose-cpu-layout", action="store_true",
                         help="profile the CPU layouts the topology allows and keep the deepest")
     parser.add_argument("--pools", type=_pool_list, metavar="POOL,...",
-                        help=f"pools to calibrate, from {', '.join(POOL_CHOICES)} (default: all in the plan)")
+                        help=f"pools to calibrate, from {', '.join(POOL_CHOICES)} (default: all in the plan). Each "
+                             "is profiled alone, with a server (or runtime) that plans only it: over HTTP a "
+                             "request goes to the accelerator pool first, so the accelerator pool is served with "
+                             "heterogeneous off and the cpu pool with no accelerator")
     parser.add_argument("--headroom", type=_fraction, default=DEFAULT_HEADROOM,
                         help="aim every depth at SLO*(1 - HEADROOM), so that noise does not push the tail over "
                              f"(default: {DEFAULT_HEADROOM:g}; 0.2 on a machine that shares its cores or caches)")
     parser.add_argument("--recheck", action="store_true",
-                        help="measure a profiled level again at the end, to tell whether the machine's "
+                        help="measure the settled level again at the end, to tell whether the machine's "
                              "speed changed during calibration (a shared machine's does)")
     parser.add_argument("--request-timeout", type=_positive(float, "--request-timeout"),
                         help="seconds before a profiling request counts as failed "
@@ -131,7 +146,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="calibration JSON to write (default: %(default)s)")
     parser.add_argument("--plot", type=Path,
                         help="fit picture (PNG) to write (default: beside --out, its name ending .png)")
-    parser.add_argument("--url", help="profile the server running at this URL (POST URL/embed) instead of in-process")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--url", help="profile the server already running at this URL (POST URL/embed) as one pool, "
+                                     "instead of starting one per pool")
+    where.add_argument("--in-process", action="store_true",
+                       help="profile each pool through the service runtime in this process, without HTTP "
+                            "(to study a device; the served path adds the front end)")
     parser.add_argument("--redis-url", help="also publish the calibration to this Redis (default: WINDVE_REDIS_URL)")
     parser.add_argument("--config", type=Path, help="YAML/JSON settings file (env WINDVE_CONFIG)")
 
@@ -141,22 +161,6 @@ def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
     which overrides the defaults it wants with `parser.set_defaults`."""
     parser.add_argument("--rounds", type=_positive(int, "--rounds"), default=5,
                         help="closed-loop rounds per level (default: %(default)s)")
-    parser.add_argument("--scout-rounds", type=_positive(int, "--scout-rounds"), default=1,
-                        help="rounds of the levels profiled on the way up, far below the SLO (they grow 4x); "
-                             "the last of them and the levels aimed at the SLO get all ROUNDS. As many as "
-                             "ROUNDS: every level in full, doubling, ~50%% slower (default: %(default)s)")
-    parser.add_argument("--no-settle", dest="settle", action="store_false",
-                        help="do not measure the level the fit says crosses the SLO once the profile has passed "
-                             "it (saves one level, about ROUNDS x SLO seconds; the depth is then read off levels "
-                             "far from it)")
-    aims = parser.add_mutually_exclusive_group()
-    aims.add_argument("--scout-aims", dest="scout_aims", action="store_true", default=None,
-                      help="scout the levels aimed at the SLO too, and do not measure the last scout again: only "
-                           "C=1 and the settled crossing get all ROUNDS. About half the time; the depth rests on "
-                           "one level in full near the crossing, so it moves more with a noisy machine (default: "
-                           f"when the fit with the first aim, scouted, puts the crossing below {FULL_AIMS_MIN_DEPTH})")
-    aims.add_argument("--full-aims", dest="scout_aims", action="store_false", default=None,
-                      help="measure the aimed levels in full however shallow the crossing")
     parser.add_argument("--max-concurrency", type=_positive(int, "--max-concurrency"), default=DEFAULT_DEPTH_CAP,
                         help="highest concurrency profiled; also caps every depth (default: %(default)s, the cap "
                              "of the depth windve serve probes without a calibration)")
@@ -164,16 +168,12 @@ def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
                         help="stress-test step (default: %(default)s)")
 
 
-def profile_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The CalibrationOptions fields that add_profile_arguments' flags set, --step aside (the
-    stress test runs only when asked for)."""
-    return {
-        "rounds": args.rounds,
-        "scout_rounds": args.scout_rounds,
-        "max_concurrency": args.max_concurrency,
-        "settle": args.settle,
-        "scout_aims": args.scout_aims,
-    }
+def profile_options(args: argparse.Namespace, query_tokens: int, request_timeout: float | None) -> ProfileOptions:
+    """The ProfileOptions that add_profile_arguments' flags set."""
+    return ProfileOptions(
+        query_tokens=query_tokens, rounds=args.rounds, max_concurrency=args.max_concurrency,
+        request_timeout=request_timeout,
+    )
 
 
 def options_from_args(args: argparse.Namespace) -> CalibrationOptions:
@@ -181,14 +181,11 @@ def options_from_args(args: argparse.Namespace) -> CalibrationOptions:
     timeout = args.request_timeout or max(30.0, 10 * max(slos))
     return CalibrationOptions(
         slos=slos,
-        query_tokens=args.query_tokens,
+        profile=profile_options(args, args.query_tokens, timeout),
         stress_step=args.step if args.stress_test else None,
-        fine_tune=args.fine_tune,
         lengths=tuple(args.lengths or ()),
-        request_timeout=timeout,
         headroom=args.headroom,
         recheck=args.recheck,
-        **profile_options(args),
     )
 
 
@@ -220,17 +217,11 @@ def check_args(args: argparse.Namespace, max_tokens: int, min_tokens: int = 3) -
     for tokens in (args.query_tokens, *(args.lengths or ())):
         if not min_tokens <= tokens <= max_tokens:
             raise UsageError(f"query length {tokens} is outside {min_tokens}..{max_tokens} tokens (the model's limit)")
-    if args.scout_rounds is not None and args.scout_rounds > args.rounds:
-        raise UsageError(
-            f"--scout-rounds {args.scout_rounds} is more than --rounds {args.rounds}: scouting is the cheap look"
-        )
-    if args.scout_aims is True and not args.settle:
-        raise UsageError("--scout-aims needs the settled crossing: drop --no-settle")
     if args.url:
         if not args.url.startswith(("http://", "https://")):
             raise UsageError(f"--url must start with http:// or https://, got {args.url!r}")
         if args.pools or args.choose_cpu_layout:
-            raise UsageError("--pools and --choose-cpu-layout need the in-process mode; drop --url")
+            raise UsageError("--pools and --choose-cpu-layout choose which servers to start: drop --url")
 
 
 # ---- running -------------------------------------------------------------------------
@@ -250,13 +241,10 @@ def run(args: argparse.Namespace) -> int:
         return _fail(error, 2)
     bar = _ProgressBar()
     try:
-        if args.url:
-            calibration = asyncio.run(_over_http(args, settings, spec, options, bar.hook))
-        else:
-            calibration = asyncio.run(_in_process(args, settings, options, bar.hook))
+        calibration = asyncio.run(_calibrate(args, settings, spec, options, bar.hook))
     except UsageError as error:
         return _fail(error, 2)
-    except (RuntimeError, OSError, ValueError) as error:  # CalibrationRunError, DeviceError, ModelError, ...
+    except (RuntimeError, OSError, ValueError) as error:  # CalibrationRunError, ServerStartError, DeviceError, ...
         return _fail(error, 1)
     finally:
         bar.close()
@@ -280,11 +268,11 @@ class _ProgressBar:
         where = f"{event.stage} {event.pool} C={event.concurrency}"
         if self._bar.disable:
             if event.sample is not None:
-                log.info("%s: p95 %.3f s, max %.3f s", where, event.sample.p95, event.sample.max)
+                log.info("%s: p99 %.3f s, max %.3f s", where, event.sample.p99, event.sample.max)
             return
         self._bar.set_description_str(where, refresh=False)
         if event.sample is not None:
-            self._bar.set_postfix_str(f"p95 {event.sample.p95:.3f} s", refresh=False)
+            self._bar.set_postfix_str(f"p99 {event.sample.p99:.3f} s", refresh=False)
         self._bar.update(1)
 
     def close(self) -> None:
@@ -325,47 +313,110 @@ def _publish(calibration: Calibration, redis_url: str) -> int:
     return 0
 
 
-async def _in_process(
-    args: argparse.Namespace, settings: Any, options: CalibrationOptions, progress: ProgressHook
+async def _calibrate(
+    args: argparse.Namespace, settings: Settings, spec: ModelSpec, options: CalibrationOptions, progress: ProgressHook
 ) -> Calibration:
-    try:
-        from windve.service import Runtime
-    except ImportError as error:
-        raise CalibrationRunError(f"in-process calibration needs windve.service ({error}); use --url") from None
+    import devices
+    from estimator.http_pool import ExactLengthTexts
+    from windve.service import hardware_fingerprint, make_plan
+    from windve.tokenizer import load_fast_tokenizer
+
+    texts = ExactLengthTexts(load_fast_tokenizer(spec.path))
+    if not args.in_process:
+        short = allow_open_files(options.profile.max_concurrency + _FILES_BESIDE_CONNECTIONS)
+        if short:
+            print(f"{PROG}: warning: {short}", file=sys.stderr)
+    if args.url:
+        return await _calibrate_url(args.url, settings, spec, texts, options, progress)
+    timeout = options.profile.request_timeout
+    open_pool: OpenPool = in_process_pool if args.in_process else served_pool_opener(texts, timeout)
+    hardware = devices.detect_hardware(settings.sysfs_root)
     layout: LayoutRecord | None = None
     if args.choose_cpu_layout:
-        settings, layout = await _choose_cpu_layout(Runtime, settings, options, progress)
-    runtime = await _started(Runtime, settings)
-    try:
-        names = list(args.pools or runtime.pool_names)
-        missing = [name for name in names if name not in runtime.pool_names]
-        if missing:
-            raise UsageError(
-                f"--pools {','.join(missing)}: not in this machine's plan (pools: {', '.join(runtime.pool_names)})"
-            )
-        calibration = await calibrate_pools(
-            {name: runtime.pool_submitter(name) for name in names},
-            runtime.make_query,
-            options,
-            model_name=runtime.spec.name,
-            model_revision=runtime.spec.revision,
-            hardware_fingerprint=runtime.hardware_fingerprint,
-            progress=progress,
-        )
-    finally:
-        await runtime.close()
+        settings, layout = await _choose_cpu_layout(settings, hardware, open_pool, texts.make_query, options, progress)
+    plan = make_plan(settings, hardware)
+    planned = [pool.name for pool in plan.pools]
+    missing = [name for name in args.pools or () if name not in planned]
+    if missing:
+        raise UsageError(f"--pools {','.join(missing)}: not in this machine's plan (pools: {', '.join(planned)})")
+    results = {}
+    for name in args.pools or planned:
+        async with open_pool(pool_settings(settings, plan, name)) as submit:
+            # This process times the pool: a full collection here would be timed as its latency.
+            tune_gc_for_serving()
+            results[name] = await calibrate_pool(name, submit, texts.make_query, options, progress)
+    calibration = calibration_of(
+        results, options, model_name=spec.name, model_revision=spec.revision,
+        hardware_fingerprint=hardware_fingerprint(hardware, plan),
+    )
     return dataclasses.replace(calibration, cpu_layout=layout)
 
 
-async def _started(runtime_class: Any, settings: Any) -> Any:
-    """The runtime, in a process set up as `windve serve` sets up its own once ready.
+def pool_settings(settings: Settings, plan: Plan, pool: str) -> Settings:
+    """`settings` with only `pool` planned, on the cores the full `plan` gives it, set up for profiling:
+    static depth control, depths that refuse nothing, no calibration file."""
+    if pool == "accelerator":
+        only: dict[str, Any] = {"heterogeneous": False}
+    elif settings.plan:
+        only = {"plan": [instance for instance in settings.plan if instance.pool == "cpu"]}
+    else:
+        only = {"device": "cpu"}
+    return settings.model_copy(update=only | {
+        "reserved_cores": list(plan.reserved_cores),
+        "depth_control": "static",
+        "cpu_depth": PROFILING_DEPTH,
+        "accelerator_depth": PROFILING_DEPTH,
+        "calibration_file": None,
+    })
 
-    Without it a full collection walks the ~250k objects torch, transformers and the tokenizer
-    leave: here one took 128 ms in the middle of a stress test's level, timed as latency.
-    """
-    runtime = await runtime_class.start(settings)
-    tune_gc_for_serving()
-    return runtime
+
+def serve_env(settings: Settings) -> dict[str, str]:
+    """The environment of a `windve serve` that runs with exactly `settings` (host and port aside, which
+    are its flags): this process's environment without its WINDVE_ variables, and every setting as one."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("WINDVE_")}
+    for name, value in settings.model_dump(mode="json", exclude={"host", "port"}).items():
+        if value is not None:  # every setting that may be None has None as its default
+            env[f"WINDVE_{name.upper()}"] = value if isinstance(value, str) else json.dumps(value)
+    return env
+
+
+def serve_command(port: int) -> list[str]:
+    return [sys.executable, "-m", "windve.commands.serve", "--host", "127.0.0.1", "--port", str(port)]
+
+
+def _headers(settings: Settings) -> dict[str, str]:
+    return {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
+
+
+def served_pool_opener(texts: ExactLengthTexts, timeout: float | None) -> OpenPool:
+    """Opens a pool by starting `windve serve` with its settings; its submit POSTs `texts` to /embed."""
+    from estimator.http_pool import ClientPerRequest, http_submitter
+    from estimator.local_server import local_server
+
+    @asynccontextmanager
+    async def open_pool(settings: Settings) -> AsyncIterator[Submit]:
+        # No client-side connection cap: queuing in the client would be timed as server latency.
+        async with (
+            local_server(serve_command, serve_env(settings)) as url,
+            ClientPerRequest(timeout=timeout, headers=_headers(settings)) as clients,
+        ):
+            yield http_submitter(clients, url, texts.text_of)
+
+    return open_pool
+
+
+@asynccontextmanager
+async def in_process_pool(settings: Settings) -> AsyncIterator[Submit]:
+    """Opens a pool by starting the service runtime in this process; its submit goes to the pool's queue."""
+    try:
+        from windve.service import Runtime
+    except ImportError as error:
+        raise CalibrationRunError(f"in-process calibration needs windve.service ({error})") from None
+    runtime = await Runtime.start(settings)
+    try:
+        yield runtime.pool_submitter(runtime.pool_names[0])
+    finally:
+        await runtime.close()
 
 
 # What the process holds open besides its connections: the interpreter, the tokenizer, the terminal.
@@ -375,9 +426,10 @@ _FILES_BESIDE_CONNECTIONS = 64
 def allow_open_files(wanted: int) -> str | None:
     """Raise this process's soft open-file limit to `wanted` (at most the hard limit).
 
-    Profiling a server holds one connection per query in flight, and the soft limit is often 1024
-    while the hard one is far higher: without this, a deep level would fail with "Too many open
-    files" and be read as a miss. Returns what still falls short, or None.
+    Profiling over HTTP holds one connection per query in flight, in this process and in the server,
+    which inherits the limit when this process starts it; the soft limit is often 1024 while the hard
+    one is far higher: without this, a deep level would fail with "Too many open files" and be read as a
+    miss. Returns what still falls short, or None.
     """
     import resource
 
@@ -394,36 +446,28 @@ def allow_open_files(wanted: int) -> str | None:
     )
 
 
-async def _over_http(
-    args: argparse.Namespace, settings: Any, spec: Any, options: CalibrationOptions, progress: ProgressHook
+async def _calibrate_url(
+    url: str, settings: Settings, spec: ModelSpec, texts: ExactLengthTexts, options: CalibrationOptions,
+    progress: ProgressHook,
 ) -> Calibration:
-    from estimator.http_pool import ClientPerRequest, ExactLengthTexts, http_submitter, server_info
-    from windve.tokenizer import load_fast_tokenizer
+    from estimator.http_pool import ClientPerRequest, http_submitter, server_info
 
-    texts = ExactLengthTexts(load_fast_tokenizer(spec.path))
-    short = allow_open_files(options.max_concurrency + _FILES_BESIDE_CONNECTIONS)
-    if short:
-        print(f"{PROG}: warning: {short}", file=sys.stderr)
-    headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
-    # No client-side connection cap: queuing in the client would be timed as server latency.
-    async with ClientPerRequest(timeout=options.request_timeout, headers=headers) as clients:
-        info = await server_info(clients, args.url)
-        submit = http_submitter(clients, args.url, texts.text_of)
-        _, error = await timed_request(submit, [texts.make_query(options.query_tokens)], options.request_timeout)
+    timeout = options.profile.request_timeout
+    async with ClientPerRequest(timeout=timeout, headers=_headers(settings)) as clients:
+        info = await server_info(clients, url)
+        submit = http_submitter(clients, url, texts.text_of)
+        _, error = await timed_request(submit, [texts.make_query(options.profile.query_tokens)], timeout)
         if error is not None:
-            raise CalibrationRunError(f"{args.url.rstrip('/')}/embed does not answer: {error}")
-        # This process times the server: a full collection here would be timed as its latency.
-        tune_gc_for_serving()
-        model = info.get("model") if isinstance(info.get("model"), dict) else {}
-        return await calibrate_pools(
-            {"server": submit},
-            texts.make_query,
-            options,
-            model_name=str(model.get("id") or spec.name),
-            model_revision=str(model.get("revision") or spec.revision),
-            hardware_fingerprint=str(info.get("hardware_fingerprint") or f"unknown (server at {args.url})"),
-            progress=progress,
-        )
+            raise CalibrationRunError(f"{url.rstrip('/')}/embed does not answer: {error}")
+        tune_gc_for_serving()  # as in _calibrate
+        result = await calibrate_pool("server", submit, texts.make_query, options, progress)
+    model = info.get("model") if isinstance(info.get("model"), dict) else {}
+    return calibration_of(
+        {"server": result}, options,
+        model_name=str(model.get("id") or spec.name),
+        model_revision=str(model.get("revision") or spec.revision),
+        hardware_fingerprint=str(info.get("hardware_fingerprint") or f"unknown (server at {url})"),
+    )
 
 
 # ---- CPU layout choice -----------------------------------------------------------------
@@ -435,17 +479,15 @@ class _Layout:
     overrides: dict[str, Any]  # settings that select it
 
 
-def cpu_layout_candidates(settings: Any) -> list[_Layout]:
+def cpu_layout_candidates(settings: Settings, hardware: Hardware) -> list[_Layout]:
     """per-node; tp when there are several NUMA nodes; per-node with each instance split in two."""
-    import devices
     from windve.service import make_plan
     from windve.settings import InstanceConfig
 
-    hardware = devices.detect_hardware(settings.sysfs_root)
     per_node = make_plan(settings.model_copy(update={"cpu_layout": "per-node", "plan": None}), hardware)
-    candidates = [_Layout("per-node", {"cpu_layout": "per-node"})]
+    candidates = [_Layout("per-node", {"cpu_layout": "per-node", "plan": None})]
     if len(hardware.topology.cpu_nodes) > 1:
-        candidates.append(_Layout("tp", {"cpu_layout": "tp"}))
+        candidates.append(_Layout("tp", {"cpu_layout": "tp", "plan": None}))
     split: list[InstanceConfig] = []
     for inst in per_node.instances:
         physical = hardware.topology.physical_cores(inst.cores) if inst.on_cpu else []
@@ -463,34 +505,33 @@ def cpu_layout_candidates(settings: Any) -> list[_Layout]:
 
 
 async def _choose_cpu_layout(
-    runtime_class: Any, settings: Any, options: CalibrationOptions, progress: ProgressHook
-) -> tuple[Any, LayoutRecord]:
-    """Profile the CPU pool of each candidate layout at the first SLO; keep the deepest."""
+    settings: Settings, hardware: Hardware, open_pool: OpenPool, make_query: MakeQuery, options: CalibrationOptions,
+    progress: ProgressHook,
+) -> tuple[Settings, LayoutRecord]:
+    """Profile the cpu pool of each candidate layout at the first SLO, as the pools are; keep the deepest."""
+    from windve.service import make_plan
+
     slo = options.slos[0]
 
     async def evaluate(layout: _Layout) -> int | None:
-        runtime = await _started(runtime_class, settings.model_copy(update=layout.overrides))
-        try:
-            if "cpu" not in runtime.pool_names:
-                raise UsageError("--choose-cpu-layout: the plan has no cpu pool")
-            profile = await profile_with_options(
-                options, runtime.pool_submitter("cpu"), runtime.make_query, slo,
-                pool=f"cpu[{layout.name}]", stage="layout", progress=progress,
+        candidate = settings.model_copy(update=layout.overrides)
+        plan = make_plan(candidate, hardware)
+        if plan.pool("cpu") is None:
+            raise UsageError("--choose-cpu-layout: the plan has no cpu pool")
+        async with open_pool(pool_settings(candidate, plan, "cpu")) as submit:
+            tune_gc_for_serving()
+            profile = await profile_pool(
+                submit, make_query, slo, options.profile, pool=f"cpu[{layout.name}]", stage="layout", progress=progress
             )
-            fit = fit_profile("cpu", profile.samples)
-            return depth_for_slo(fit, slo, cap=options.max_concurrency, headroom=options.headroom)
-        finally:
-            await runtime.close()
+        fit = fit_profile("cpu", profile.samples)
+        return depth_for_slo(fit, slo, cap=options.profile.max_concurrency, headroom=options.headroom)
 
-    choice = await choose_layout(cpu_layout_candidates(settings), evaluate)
+    choice = await choose_layout(cpu_layout_candidates(settings, hardware), evaluate)
     if choice.best is None:
         errors = "; ".join(f"{t.name}: {t.error or 'unusable at the SLO'}" for t in choice.trials)
         raise CalibrationRunError(f"no CPU layout could be profiled ({errors})")
-    chosen = _jsonable(choice.best.overrides)
-    return settings.model_copy(update=choice.best.overrides), LayoutRecord(choice.best.name, choice.trials, chosen)
-
-
-def _jsonable(overrides: dict[str, Any]) -> dict[str, Any]:
-    return {
-        key: [item.model_dump() for item in value] if key == "plan" else value for key, value in overrides.items()
+    chosen = {
+        key: [item.model_dump() for item in value] if key == "plan" and value else value
+        for key, value in choice.best.overrides.items()
     }
+    return settings.model_copy(update=choice.best.overrides), LayoutRecord(choice.best.name, choice.trials, chosen)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -29,10 +30,22 @@ def add_settings_flags(parser: argparse.ArgumentParser) -> None:
 def settings_from_args(args: argparse.Namespace, prog: str) -> Settings:
     """Settings from flags > env > config file > defaults; exit 2 naming the bad setting."""
     overrides: dict[str, Any] = {
-        name: getattr(args, name) for name in Settings.model_fields if getattr(args, name, None) is not None
+        name: _flag_value(getattr(args, name))
+        for name in Settings.model_fields
+        if getattr(args, name, None) is not None
     }
     try:
         return load_settings(config_file=getattr(args, "config", None), **overrides)
     except SettingsError as error:
         print(f"{prog}: {error}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def _flag_value(value: Any) -> Any:
+    """A list-valued flag is written as JSON (`--matryoshka-dims '[128,256]'`), as its env variable is."""
+    if isinstance(value, str) and value.lstrip().startswith("["):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            return value  # validation names the setting and what was wrong
+    return value

@@ -32,7 +32,8 @@ RESTART_BACKOFF = (0.5, 1.0, 2.0, 5.0)
 
 class Supervisor:
     def __init__(self, settings: Settings, workers: int, cores: tuple[int, ...], drain_seconds: int) -> None:
-        self.settings = settings
+        # On service cores of their own, front ends compete with no engine: no need to yield.
+        self.settings = settings.model_copy(update={"frontend_nice": 0}) if cores else settings
         self.workers = workers
         self.cores = cores  # front ends and the dispatcher share the service cores
         self.drain_seconds = drain_seconds

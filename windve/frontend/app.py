@@ -15,6 +15,7 @@ from windve.cache import create_cache
 from windve.frontend.context import FrontEnd, start_local_front_end
 from windve.frontend.fallbacks import install_fallbacks
 from windve.frontend.pipeline import EmbeddingPipeline
+from windve.frontend.priority import lower_this_thread
 from windve.frontend.routes import router
 from windve.frontend.tokenize_limits import BUDGET_REQUESTS, TokenBudget
 from windve.gc_tuning import tune_gc_for_serving
@@ -78,5 +79,7 @@ async def _start(app: FastAPI, settings: Settings, start_runtime: RuntimeFactory
     app.state.ready_since = int(time.time())
     app.state.pipeline = EmbeddingPipeline(runtime, cache=create_cache(settings))
     tune_gc_for_serving()
+    # After the engines started: their processes were spawned by threads that keep their priority.
+    lower_this_thread(settings.frontend_nice)
     log.info("front end ready: %s", runtime.spec.name)
 

@@ -25,11 +25,16 @@ def uvicorn_config(app, settings: Settings, drain_seconds: int, **where) -> uvic
     """The one uvicorn set-up of every front end.
 
     The asyncio loop, not uvloop: under a storm of retries uvloop let new connections wait
-    seconds in the listen queue (/health among them), asyncio's loop did not."""
+    seconds in the listen queue (/health among them), asyncio's loop did not. The overload
+    gate answers BUSY before the framework; the HTTP protocol answers its parser's errors
+    in JSON."""
+    from windve.frontend.gate import OverloadGate
+    from windve.frontend.http_protocol import JsonErrorHttpToolsProtocol
+
     return uvicorn.Config(
-        app,
+        OverloadGate(app),
         loop="asyncio",
-        http="httptools",
+        http=JsonErrorHttpToolsProtocol,
         backlog=4096,
         log_level=settings.log_level,
         access_log=settings.log_level == "debug",
