@@ -1,39 +1,31 @@
-"""Estimator vs stress test vs the true optimum, and token budget vs fixed depth on mixed lengths.
+"""The estimator against the stress test, and the token budget against a fixed depth on mixed lengths.
 
-Section `methods` (paper Table III): for each pool, the depth and wall time of
-  - the estimate (profile as `windve calibrate`: scouted levels, aimed levels, the settled crossing; linear fit;
-    `--scout-aims` / `--full-aims` as in `windve calibrate`),
-  - the stress test (raise C by --step, default 8, until the SLO breaks),
-  - the optimum (stress test with step 1, swept on past the first miss until --misses
-    levels in a row miss, read off an isotonic fit so that one noisy level does not decide),
-and whether the estimate lands within 5% of the optimum in <= 25% of the step-8 time.
-With --repeats N, the estimate and the stress test run N times each (the optimum once, in
-the middle) and the bench counts how often each lands within 5%: on a machine whose speed
-changes, one run is one draw. All three aim at the SLO itself (no headroom): this compares the methods, not the margin.
+Section `methods` (paper Table III): for each pool, the depth and time of
+  - the estimate (the profile and fit of `windve calibrate`, with its --rounds and --max-concurrency),
+  - the stress test with --step (the paper's baseline, 8 by default),
+  - the reference: a step-1 stress test, swept on until --misses levels in a row miss (8 by default) and
+    read off an isotonic fit, so that one noisy level does not decide (with p99, one slow request of a
+    level of fewer than 100 does: a plain step-1 test here once stopped at 42 where the pool held 164);
+    its time is what the sweep took up to the level past that depth, where a step-1 test that read
+    the depth right would stop,
+and whether the estimate lands within 5 % of the reference in <= 25 % of the reference's time (the
+target). With --repeats N, the estimate and the step-N test run N times, the reference once in the
+middle: on a machine whose speed changes, one run is one draw. All aim at the SLO itself (no headroom):
+this compares the methods, not the margin.
 
-Section `local`: as `methods`, but each run sweeps its own step-1 optimum right after its
-estimate and stress test, from 3/4 of the shallower of the two, so that the three meet about
-the same machine state (a sweep from C = 1 takes 11-14 minutes here, long enough for this
-machine's optimum to move by 15 %). Costlier: each sweep took 6-11 minutes here.
+Section `mixed` (simulated and --in-process pools): `windve calibrate`'s pipeline with lengths 16, 75 and
+256 and the default headroom gives a query depth at 75 tokens and a token budget; closed-loop rounds of
+mixed lengths are then admitted by each. With --in-process, each round offers twice the query depth to
+the service's own queue manager, limited by one policy at a time; what does not fit is refused (BUSY).
 
-Section `optimum`: the step-1 optimum alone, swept --repeats times (at least 2) in a row, and
-how far apart the sweeps land: on a machine whose speed changes, that is the floor under the
-accuracy any method can show against one sweep.
-
-Section `mixed`: `windve calibrate`'s pipeline with a length sweep (16, 75, 256 tokens and
-the default headroom) gives a query depth at 75 tokens and a token budget. Closed-loop
-rounds of mixed lengths are then admitted by each: which keeps the SLO? Two mixes: the
-three profiled lengths, and lengths drawn uniformly from 8..256 (not profiled). With
-`--runtime`, each round offers twice the query depth to the service's own queue manager,
-limited by one policy at a time; what does not fit is refused with BUSY, as in service.
-
-By default the pools are simulated (a real asyncio server with a known service time, so the
-analytic optimum is printed too); `--runtime` profiles the real service pools in-process.
+Pools: simulated by default (a real asyncio server with a known service time, on a virtual clock: exact,
+done in a moment, and the analytic optimum is printed too); --served starts `windve serve` for each pool
+and measures it over HTTP, as `windve calibrate` does; --in-process profiles the service runtime in this
+process. Times of simulated pools are virtual seconds, what the methods would take on such a pool.
 Usage:
   python bench/estimator.py [--slo 0.2] [--rounds 3] [--step 8] [--sections methods,mixed]
-  python bench/estimator.py --runtime [--slo 1.0] [--pools cpu] [--repeats 5]
-  python bench/estimator.py --runtime --sections optimum --rounds 5 --repeats 2
-  python bench/estimator.py --runtime --sections local --rounds 5 --repeats 5
+  python bench/estimator.py --served [--slo 1.0] [--pools cpu] [--repeats 3]
+  python bench/estimator.py --in-process --sections mixed
 Figures from a shared, loaded machine move from run to run; rerun before quoting them.
 """
 
@@ -44,22 +36,22 @@ import asyncio
 import dataclasses
 import os
 import random
-import statistics
 import sys
-import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 # This script is named like the package it measures: keep its own folder off the import path.
 sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != Path(__file__).resolve().parent]
 
 from estimator.fit import LengthFit, decide_depth
-from estimator.pipeline import CalibrationOptions, calibrate_pools, fit_profile, profile_with_options
+from estimator.pipeline import CalibrationOptions, calibrate_pool, fit_profile
+from estimator.profile import ProfileOptions, profile_pool
 from estimator.recheck import SPEED_TOLERANCE, CrossingCheck, SpeedCheck, crossing_check, recheck_speed
 from estimator.report import describe_charge
-from estimator.rounds import MakeQuery, Submit, tail
-from estimator.simulated import ServiceTime, SimulatedPool, constant_query
+from estimator.rounds import MakeQuery, Progress, Submit, tail
+from estimator.simulated import ServiceTime, SimulatedPool, constant_query, run_virtual
 from estimator.stress import monotone_depth, stress_test
 from queue_manager.pool import TokenCharge
 from queue_manager.protocol import Busy
@@ -73,8 +65,8 @@ MIXES: dict[str, Callable[[random.Random], int]] = {
     "uniform 8..256": lambda rng: rng.randint(8, 256),
 }
 
-# Simulated pools at a 0.2 s SLO: an accelerator-like pool (large batches, ~240 deep) and a
-# CPU-like one (~60 deep), so the cost ratio is seen at two depths.
+# Simulated pools at a 0.2 s SLO: an accelerator-like pool (large batches, ~240 deep) and a CPU-like
+# one (~60 deep), so that the cost ratio is seen at two depths.
 SIMULATED = {
     "sim-accelerator": ServiceTime(per_batch=0.002, per_query=0.0004, per_token=5e-6, max_batch_size=32),
     "sim-cpu": ServiceTime(
@@ -83,23 +75,17 @@ SIMULATED = {
 }
 
 
-Limit = Callable[[int, "int | None", TokenCharge], None]
-
-
 @dataclass
 class Pool:
     name: str
-    submit: Submit  # straight to the pool, depth not enforced (profiling)
+    submit: Submit  # straight to the pool
     make_query: MakeQuery
     service: ServiceTime | None = None  # known for simulated pools
-    # The service's own admission (queue manager): submit through it, and set its limits.
-    admit: Submit | None = None
-    limit: Limit | None = None
+    queue_manager: Any = None  # in-process: the service's own admission, for section `mixed`
 
 
 @dataclass
 class MethodResult:
-    method: str
     depth: int | None
     seconds: float
 
@@ -111,23 +97,21 @@ class Trial:
     estimate: MethodResult
     stress: MethodResult
     speeds: list[tuple[str, SpeedCheck]]
-    optimum: MethodResult | None = None  # swept right after (section `local`)
-    profile_stop: str = ""  # why the estimate's profile stopped, and how it measured its aims
-    crossing: CrossingCheck | None = None  # the settled crossing against the SLO
+    profile_stop: str
+    crossing: CrossingCheck | None  # the settled crossing against the SLO
 
 
-async def run_trial(pool: Pool, slo: float, options: CalibrationOptions, local_misses: int | None = None) -> Trial:
-    """The estimate profiles as `windve calibrate` does with `options`; the stress test steps by
-    `options.stress_step`."""
-    assert options.stress_step is not None, "the bench's options always carry --step"
-    rounds, step, max_concurrency = options.rounds, options.stress_step, options.max_concurrency
-    started = time.perf_counter()
-    profile = await profile_with_options(options, pool.submit, pool.make_query, slo, pool=pool.name, stage="estimate")
-    estimate = decide_depth(fit_profile(pool.name, profile.samples), slo, cap=max_concurrency).depth
-    estimated = MethodResult("estimate (profile + fit)", estimate, time.perf_counter() - started)
-    # The machine's speed after each method, against the profile's: the same level measured
-    # again (not counted in any method's time). A shared machine changes speed for seconds
-    # to minutes at a time, and each method sees its own share of that.
+def _now() -> float:
+    return asyncio.get_running_loop().time()
+
+
+async def run_trial(pool: Pool, slo: float, options: ProfileOptions, step: int) -> Trial:
+    started = _now()
+    profile = await profile_pool(pool.submit, pool.make_query, slo, options, pool=pool.name, stage="estimate")
+    estimate = decide_depth(fit_profile(pool.name, profile.samples), slo, cap=options.max_concurrency).depth
+    estimated = MethodResult(estimate, _now() - started)
+    # The settled level measured again after each method (not counted in any method's time): a shared
+    # machine changes speed for seconds to minutes at a time, and each method sees its own share of that.
     speeds: list[tuple[str, SpeedCheck]] = []
 
     async def note_speed(after: str) -> None:
@@ -136,161 +120,105 @@ async def run_trial(pool: Pool, slo: float, options: CalibrationOptions, local_m
             speeds.append((after, check))
 
     await note_speed("after the estimate")
-    stress = await stress_test(
-        pool.submit, pool.make_query, [slo], step=step, query_tokens=TOKENS, rounds=rounds,
-        max_concurrency=max_concurrency,
-    )
+    stress = await stress_test(pool.submit, pool.make_query, [slo], options, step=step)
     await note_speed(f"after step {step}")
-    stressed = MethodResult(f"stress test (step {step})", stress.depths[0], stress.seconds)
-    optimum = None
-    if local_misses is not None:
-        start = max(1, min(estimate or 1, stress.depths[0] or 1) * 3 // 4)
-        optimum = await sweep_optimum(pool, slo, rounds, max_concurrency, local_misses, start=start)
     crossing = crossing_check(profile.samples, profile.settled, slo)
-    return Trial(estimated, stressed, speeds, optimum, profile.stop_reason, crossing)
+    return Trial(estimated, MethodResult(stress.depths[0], stress.seconds), speeds, profile.stop_reason, crossing)
 
 
-async def compare_methods(
-    pool: Pool, slo: float, options: CalibrationOptions, misses: int, repeats: int, local: bool = False
-) -> tuple[list[Trial], MethodResult | None]:
-    """`repeats` trials (estimate, then step N) with the step-1 optimum swept once, in the middle,
-    so that trials before and after it share out the machine's slow and fast spells; with
-    `local`, each trial sweeps its own instead."""
-    trials: list[Trial] = []
-    optimum = None
+async def reference(pool: Pool, slo: float, options: ProfileOptions, misses: int) -> MethodResult:
+    """The step-1 stress test, swept on until `misses` levels in a row miss and read off an isotonic fit;
+    its time up to the level past that depth (the whole sweep when it never got there)."""
+    started = _now()
+    reached: dict[int, float] = {}
 
-    async def run_one() -> Trial:
-        return await run_trial(pool, slo, options, misses if local else None)
+    def note(event: Progress) -> None:
+        if event.sample is not None:
+            reached[event.concurrency] = _now() - started
 
-    for _ in range((repeats + 1) // 2):
-        trials.append(await run_one())
-    if not local:
-        optimum = await sweep_optimum(pool, slo, options.rounds, options.max_concurrency, misses)
-    for _ in range(repeats // 2):
-        trials.append(await run_one())
-    for number, trial in enumerate(trials, 1):
-        print(f"[{pool.name}] run {number}: the estimate's profile stopped: {trial.profile_stop}")
-        if trial.speeds:
-            reference = trial.speeds[0][1]
-            print(f"[{pool.name}] run {number}: p95 of the profile's C={reference.concurrency} level "
-                  f"({reference.profile_p95:.3f} s in the profile) measured again: "
-                  f"{', '.join(f'{after} {check.ratio:.2f}x' for after, check in trial.speeds)}")
-        if trial.crossing is not None:
-            held = "within" if trial.crossing.steady else "NOT within"
-            print(f"[{pool.name}] run {number}: the settled crossing C={trial.crossing.concurrency} took "
-                  f"{trial.crossing.ratio:.2f}x the SLO ({held} {SPEED_TOLERANCE:.0%})")
-    return trials, optimum
-
-
-async def sweep_optimum(
-    pool: Pool, slo: float, rounds: int, max_concurrency: int, misses: int, start: int = 1
-) -> MethodResult:
-    """The step-1 sweep from `start` until `misses` levels in a row miss, read off an isotonic fit.
-    Its depth is None when even `start` misses: the optimum lies below where the sweep began."""
     sweep = await stress_test(
-        pool.submit, pool.make_query, [slo], step=1, query_tokens=TOKENS, rounds=rounds,
-        max_concurrency=max_concurrency, misses_to_stop=misses, start=start,
+        pool.submit, pool.make_query, [slo], options, step=1, misses_to_stop=misses, progress=note
     )
-    print(f"[{pool.name}] step-1 sweep from C={start}: first miss after C={sweep.depths[0]}, "
-          f"{len(sweep.samples)} levels, stopped: {sweep.stop_reason}")
-    return MethodResult("optimum (step 1, isotonic)", monotone_depth(sweep.samples, slo) or None, sweep.seconds)
+    depth = monotone_depth(sweep.samples, slo)
+    seconds = reached.get(depth + 1, sweep.seconds)
+    print(f"[{pool.name}] step-1 stress test: first miss after C={sweep.depths[0]}, {len(sweep.samples)} levels in "
+          f"{sweep.seconds:.1f} s, stopped: {sweep.stop_reason}; isotonic depth {depth}, reached C={depth + 1} "
+          f"in {seconds:.1f} s")
+    return MethodResult(depth or None, seconds)
 
 
-async def optimum_spread(pool: Pool, slo: float, rounds: int, max_concurrency: int, misses: int, sweeps: int) -> None:
-    """The step-1 optimum swept again and again: how far apart two sweeps land is the floor
-    under the accuracy of any method on this machine."""
-    depths = []
-    for number in range(1, sweeps + 1):
-        optimum = await sweep_optimum(pool, slo, rounds, max_concurrency, misses)
-        depths.append(optimum.depth or 0)
-        print(f"[{pool.name}] optimum sweep {number}: {optimum.depth} in {optimum.seconds:.0f} s")
-    low, high, median = min(depths), max(depths), statistics.median(depths)
-    apart = f"{high / low - 1:.1%}" if low else "-"
-    print(f"[{pool.name}] {sweeps} optimum sweeps: {', '.join(map(str, depths))}; the deepest is {apart} above the "
-          f"shallowest; within 5% of their median: {sum(within(d, median) for d in depths)}/{sweeps}")
+def within(depth: int | None, best: int | None) -> bool:
+    return bool(best) and depth is not None and abs(depth / best - 1) <= 0.05
 
 
-def within(depth: int | None, optimum: float) -> bool:
-    return optimum > 0 and depth is not None and abs(depth / optimum - 1) <= 0.05
-
-
-def print_methods(pool: Pool, slo: float, step: int, trials: list[Trial], optimum: MethodResult | None) -> None:
-    """One line per run against the one optimum, or against each run's own (section `local`)."""
-
-    def best(trial: Trial) -> int:
-        return ((trial.optimum if optimum is None else optimum).depth) or 0
-
-    def error(result: MethodResult, trial: Trial) -> str:
-        return f"{(result.depth or 0) / best(trial) - 1:+.1%}" if best(trial) else "-"
-
-    print(f"\n[{pool.name}] SLO {slo:g} s, {TOKENS}-token queries; optimum (step 1, isotonic) ", end="")
-    if optimum is not None:
-        print(f"{optimum.depth} in {optimum.seconds:.1f} s")
-    else:
-        print("swept after each run: " + ", ".join(
-            f"{trial.optimum.depth} in {trial.optimum.seconds:.0f} s" for trial in trials if trial.optimum
-        ))
-    if pool.service is not None:
-        print(f"analytic optimum {pool.service.optimum_depth(slo, TOKENS)}")
-    print(f"{'run':<5}{'optimum':>8}{'estimate':>9}{'vs opt':>9}{'time (s)':>10}{f'step {step}':>9}{'vs opt':>9}"
-          f"{'time (s)':>10}{'est/step time':>15}  target (within 5% of the optimum in <= 25% of the step-{step} time)")
+async def compare_methods(pool: Pool, slo: float, options: ProfileOptions, step: int, misses: int,
+                          repeats: int) -> None:
+    trials = [await run_trial(pool, slo, options, step) for _ in range((repeats + 1) // 2)]
+    best = await reference(pool, slo, options, misses)
+    trials += [await run_trial(pool, slo, options, step) for _ in range(repeats // 2)]
+    print(f"\n[{pool.name}] SLO {slo:g} s, {TOKENS}-token queries; step-1 stress test {best.depth} in "
+          f"{best.seconds:.1f} s" + (f"; analytic optimum {pool.service.optimum_depth(slo, TOKENS)}"
+                                     if pool.service else ""))
+    print(f"{'run':<5}{'estimate':>9}{'vs step 1':>10}{'time (s)':>10}{'/ step 1':>9}{f'step {step}':>8}"
+          f"{'time (s)':>10}{'/ step N':>9}  target: within 5% of step 1 in <= 25% of its time")
     met = 0
     for number, trial in enumerate(trials, 1):
         estimate, stress = trial.estimate, trial.stress
-        share = estimate.seconds / stress.seconds if stress.seconds else float("inf")
-        accurate, cheap = within(estimate.depth, best(trial)), share <= 0.25
+        share = estimate.seconds / best.seconds if best.seconds else float("inf")
+        error = f"{(estimate.depth or 0) / best.depth - 1:+.1%}" if best.depth else "-"
+        accurate, cheap = within(estimate.depth, best.depth), share <= 0.25
         met += accurate and cheap
-        verdict = "MET" if accurate and cheap else (
-            f"NOT MET (accuracy {'ok' if accurate else 'missed'}, cost {'ok' if cheap else 'missed'})"
-        )
-        print(f"{number:<5}{best(trial) or '-':>8}{estimate.depth or 0:>9}{error(estimate, trial):>9}"
-              f"{estimate.seconds:>10.1f}{stress.depth or 0:>9}{error(stress, trial):>9}{stress.seconds:>10.1f}"
-              f"{share:>15.0%}  {verdict}")
+        missed = [what for what, ok in (("accuracy", accurate), ("cost", cheap)) if not ok]
+        verdict = f"missed ({', '.join(missed)})" if missed else "met"
+        print(f"{number:<5}{estimate.depth or 0:>9}{error:>10}{estimate.seconds:>10.1f}{share:>9.0%}"
+              f"{stress.depth or 0:>8}{stress.seconds:>10.1f}{estimate.seconds / stress.seconds:>9.0%}  {verdict}")
+        print(f"      stopped: {trial.profile_stop}")
+        notes = [f"that level {after}: {check.ratio:.2f}x" for after, check in trial.speeds]
+        if trial.crossing is not None:
+            held = "within" if trial.crossing.steady else "NOT within"
+            notes.insert(0, f"settled C={trial.crossing.concurrency}: {trial.crossing.ratio:.2f}x the SLO "
+                            f"({held} {SPEED_TOLERANCE:.0%})")
+        print(f"      {'; '.join(notes)}")
     count = len(trials)
-    print(f"within 5% of the optimum: estimate {sum(within(t.estimate.depth, best(t)) for t in trials)}/{count}, "
-          f"step {step} {sum(within(t.stress.depth, best(t)) for t in trials)}/{count}; "
+    print(f"within 5% of step 1: estimate {sum(within(t.estimate.depth, best.depth) for t in trials)}/{count}, "
+          f"step {step} {sum(within(t.stress.depth, best.depth) for t in trials)}/{count}; "
           f"target met in {met}/{count} runs")
 
 
-async def mixed_lengths(pool: Pool, slo: float, options: CalibrationOptions, seed: int = 1) -> None:
+async def mixed_lengths(pool: Pool, slo: float, options: ProfileOptions, seed: int = 1) -> None:
     """Fixed 75-token query depth vs token budget, both from one calibration, on mixed rounds."""
-    options = dataclasses.replace(options, lengths=PROFILED_LENGTHS, stress_step=None)  # no stress test here
-    calibration = await calibrate_pools(
-        {pool.name: pool.submit}, pool.make_query, options,
-        model_name="bench", model_revision="-", hardware_fingerprint="-",
-    )
-    calibrated = calibration.pools[pool.name]
+    calibration_options = CalibrationOptions(slos=(slo,), profile=options, lengths=PROFILED_LENGTHS)
+    calibrated = await calibrate_pool(pool.name, pool.submit, pool.make_query, calibration_options)
     entry, fit = calibrated.at(slo), calibrated.length_fit
     assert fit is not None
     depth, budget = entry.estimate or 0, entry.token_budget or 0
-    print(f"\n[{pool.name}] SLO {slo:g} s, headroom {options.headroom:.0%}; length fit "
+    print(f"\n[{pool.name}] SLO {slo:g} s, headroom {calibration_options.headroom:.0%}; length fit "
           f"t = C*({fit.per_token:.3g}*L + {fit.per_token_squared:.3g}*L^2 + {fit.per_query:.3g}) + {fit.constant:.3g} "
           f"(R^2 {fit.r2:.4f}); query depth at {TOKENS} tokens = {depth}; token budget = {budget} "
           f"({describe_charge(fit)})")
-    print(f"{'mix':<16}{'admission':<20}{'admitted/round':>15}{'refused/round':>14}{'p95 (s)':>10}{'max (s)':>10}"
+    print(f"{'mix':<16}{'admission':<20}{'admitted/round':>15}{'refused/round':>14}{'p99 (s)':>10}{'max (s)':>10}"
           f"{'rounds within SLO':>19}")
+    rounds = max(10, options.rounds * 3)
     for mix_name, draw in MIXES.items():
-        if pool.admit is not None and pool.limit is not None:
-            # Through the service's queue manager: offer more than either policy admits at once;
-            # what does not fit gets BUSY at once, as in service.
+        qm = pool.queue_manager
+        if qm is not None:
+            # Through the service's queue manager: offer more than either policy admits at once.
             offered = 2 * depth
             limits = {
                 f"fixed depth {depth}": (depth, None, TokenCharge()),
                 f"token budget {budget}": (10 * offered, budget, token_charge_for(fit)),
             }
             for label, (query_depth, token_budget, charge) in limits.items():
-                pool.limit(query_depth, token_budget, charge)
-                await _check_policy(
-                    pool, pool.admit, slo, mix_name, label, lambda rng: [draw(rng) for _ in range(offered)],
-                    max(10, options.rounds * 3), seed,
-                )
+                qm.set_depth(pool.name, query_depth, token_budget, charge)
+                await _check_policy(pool, qm.submit, slo, mix_name, label,
+                                    lambda rng: [draw(rng) for _ in range(offered)], rounds, seed)
             continue
         policies: dict[str, Callable[[random.Random], list[int]]] = {
             f"fixed depth {depth}": lambda rng: [draw(rng) for _ in range(depth)],
             f"token budget {budget}": lambda rng: _fill_budget(rng, draw, budget, fit),
         }
         for label, compose in policies.items():
-            await _check_policy(pool, pool.submit, slo, mix_name, label, compose, max(10, options.rounds * 3), seed)
+            await _check_policy(pool, pool.submit, slo, mix_name, label, compose, rounds, seed)
 
 
 async def _check_policy(
@@ -309,19 +237,19 @@ async def _check_policy(
         refused += len(outcomes) - len(answered)
         latencies.extend(answered)
         met += bool(answered) and tail(answered)[0] <= slo
-    p95, worst = tail(latencies)
-    print(f"{mix:<16}{label:<20}{len(latencies) / rounds:>15.1f}{refused / rounds:>14.1f}{p95:>10.3f}{worst:>10.3f}"
+    p99, worst = tail(latencies)
+    print(f"{mix:<16}{label:<20}{len(latencies) / rounds:>15.1f}{refused / rounds:>14.1f}{p99:>10.3f}{worst:>10.3f}"
           f"{f'{met}/{rounds}':>19}")
 
 
 async def _timed(submit: Submit, query) -> float | None:
     """Seconds until answered, or None when refused with BUSY."""
-    started = time.perf_counter()
+    started = _now()
     try:
         await submit([query])
     except Busy:
         return None
-    return time.perf_counter() - started
+    return _now() - started
 
 
 def _fill_budget(rng: random.Random, draw: Callable[[random.Random], int], budget: int, fit: LengthFit) -> list[int]:
@@ -336,83 +264,92 @@ def _fill_budget(rng: random.Random, draw: Callable[[random.Random], int], budge
         charged += fit.charge(length)
 
 
-async def with_simulated(body: Callable[[list[Pool]], Awaitable[None]], padded: bool) -> None:
-    servers = {name: SimulatedPool(dataclasses.replace(service, padded=padded)) for name, service in SIMULATED.items()}
-    try:
-        await body([Pool(name, server.submit, constant_query, server.service) for name, server in servers.items()])
-    finally:
-        for server in servers.values():
+async def simulated_pools(names: list[str] | None, padded: bool) -> AsyncIterator[Pool]:
+    for name, service in SIMULATED.items():
+        if names and name not in names:
+            continue
+        server = SimulatedPool(dataclasses.replace(service, padded=padded))
+        try:
+            yield Pool(name, server.submit, constant_query, server.service)
+        finally:
             await server.close()
 
 
-async def with_runtime(body: Callable[[list[Pool]], Awaitable[None]], pools: list[str] | None) -> None:
+async def service_pools(names: list[str] | None, served: bool, timeout: float | None) -> AsyncIterator[Pool]:
+    """Each pool of this machine's plan alone, as `windve calibrate` opens it (over HTTP with `served`)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import devices
+    from estimator.http_pool import ExactLengthTexts
+    from windve.commands.calibrate import allow_open_files, pool_settings, served_pool_opener
     from windve.gc_tuning import tune_gc_for_serving
-    from windve.service import Runtime
+    from windve.model import load_model_spec
+    from windve.service import Runtime, make_plan
     from windve.settings import load_settings
+    from windve.tokenizer import load_fast_tokenizer
 
-    runtime = await Runtime.start(load_settings())
-    tune_gc_for_serving()  # as `windve serve` and `windve calibrate` do once the runtime is up
-    try:
-        names = pools or runtime.pool_names
-        qm = runtime.queue_manager
-
-        def limiter(name: str) -> Limit:
-            return lambda depth, budget, charge: qm.set_depth(name, depth, budget, charge)
-
-        await body([
-            Pool(name, runtime.pool_submitter(name), runtime.make_query, admit=qm.submit, limit=limiter(name))
-            for name in names
-        ])
-    finally:
-        await runtime.close()
+    settings = load_settings()
+    spec = load_model_spec(settings.model, settings.revision, settings.trust_remote_code)
+    texts = ExactLengthTexts(load_fast_tokenizer(spec.path))
+    plan = make_plan(settings, devices.detect_hardware(settings.sysfs_root))
+    open_served = served_pool_opener(texts, timeout)
+    for name in names or [pool.name for pool in plan.pools]:
+        alone = pool_settings(settings, plan, name)
+        if served:
+            allow_open_files(10_000)
+            async with open_served(alone) as submit:
+                tune_gc_for_serving()  # this process times the pool, as `windve calibrate` does
+                yield Pool(name, submit, texts.make_query)
+            continue
+        runtime = await Runtime.start(alone)
+        try:
+            tune_gc_for_serving()
+            yield Pool(name, runtime.pool_submitter(name), texts.make_query, queue_manager=runtime.queue_manager)
+        finally:
+            await runtime.close()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--slo", type=float, default=None, help="seconds (default 0.2 simulated, 1.0 runtime)")
-    # The profile's flags as `windve calibrate` has them; fewer rounds and a deeper cap by default here.
+    parser.add_argument("--slo", type=float, default=None, help="seconds (default 0.2 simulated, 1.0 otherwise)")
+    # The profile's flags as `windve calibrate` has them; fewer rounds and a shallower cap by default here.
     add_profile_arguments(parser)
     parser.set_defaults(rounds=3, max_concurrency=1024)
     parser.add_argument("--misses", type=int, default=8,
-                        help="the step-1 optimum sweep stops after this many levels in a row miss")
-    parser.add_argument("--repeats", type=int, default=1,
-                        help="estimate and step-N runs against the one step-1 optimum: one run on a machine "
-                             "that changes speed shows one draw, not how often the target holds")
+                        help="the step-1 reference stops after this many levels in a row miss (default: %(default)s; "
+                             "1: a plain step-1 stress test)")
+    parser.add_argument("--repeats", type=int, default=1, help="estimate and step-N runs against the one reference")
     parser.add_argument("--sections", default="methods,mixed")
-    parser.add_argument("--runtime", action="store_true", help="profile the real service pools in-process")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--served", action="store_true", help="start `windve serve` per pool and measure over HTTP")
+    where.add_argument("--in-process", action="store_true", help="profile the service runtime in this process")
     parser.add_argument("--pools", help="comma-separated pool names (default: all)")
     args = parser.parse_args()
-    slo = args.slo or (1.0 if args.runtime else 0.2)
+    real = args.served or args.in_process
+    slo = args.slo or (1.0 if real else 0.2)
     sections = set(args.sections.split(","))
-    options = CalibrationOptions(slos=(slo,), query_tokens=TOKENS, stress_step=args.step, **profile_options(args))
+    if args.served and "mixed" in sections:
+        print("section mixed needs the queue manager's admission: run it with --in-process")
+        sections.discard("mixed")
+    options = profile_options(args, TOKENS, max(30.0, 10 * slo))
+    names = args.pools.split(",") if args.pools else None
 
-    async def body(pools: list[Pool]) -> None:
-        chosen = [p for p in pools if not args.pools or p.name in args.pools.split(",")]
-        for section in ("methods", "local"):
-            for pool in chosen if section in sections else []:
-                trials, optimum = await compare_methods(
-                    pool, slo, options, args.misses, args.repeats, local=section == "local"
-                )
-                print_methods(pool, slo, args.step, trials, optimum)
-        if "optimum" in sections:
-            for pool in chosen:
-                await optimum_spread(
-                    pool, slo, options.rounds, options.max_concurrency, args.misses, max(2, args.repeats)
-                )
-        if "mixed" in sections:
-            for pool in chosen:
+    async def body(pools: AsyncIterator[Pool]) -> None:
+        async for pool in pools:
+            if "methods" in sections:
+                await compare_methods(pool, slo, options, args.step, args.misses, args.repeats)
+            if "mixed" in sections:
                 await mixed_lengths(pool, slo, options)
 
-    print(f"bench/estimator.py: {'real runtime' if args.runtime else 'simulated pools'}; shared, loaded machine")
-    if args.runtime:
-        asyncio.run(with_runtime(body, args.pools.split(",") if args.pools else None))
+    where_from = "served over HTTP" if args.served else "the runtime in-process" if args.in_process else "simulated"
+    print(f"bench/estimator.py: {where_from} pools, p99 tails; a shared, loaded machine")
+    if real:
+        asyncio.run(body(service_pools(names, args.served, options.request_timeout)))
         return
-    asyncio.run(with_simulated(body, padded=False))
+    run_virtual(body(simulated_pools(names, padded=False)))
     if "mixed" in sections:
         print("\nthe same check on a FIFO batcher that pads each batch to its longest query (no length grouping):")
         sections.discard("methods")
-        asyncio.run(with_simulated(body, padded=True))
+        run_virtual(body(simulated_pools(names, padded=True)))
 
 
 if __name__ == "__main__":

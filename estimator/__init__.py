@@ -1,19 +1,20 @@
 """Estimator: queue depths from short profiling runs (WindVE paper IV-B2, V-C).
 
-Imports nothing from `windve`: a pool is "something to submit queries to", an async
-callable taking one request's token-id sequences (see `estimator.rounds.Submit`).
+Imports nothing from `windve`: a pool is "something to submit queries to", an async callable taking
+one request's token-id sequences (`estimator.rounds.Submit`). Every tail is the p99 of end-to-end latency.
 
-- rounds      the closed-loop workload (C one-query requests together, next round after all)
-- profile     scouted (`windve calibrate`'s default) or doubling levels, then aimed ones, until p95 passes the SLO,
-              then the fitted crossing
-- fit         t = alpha*C + beta (alpha, beta >= 0), C_max per SLO, length-aware token budget
-- stress      stress-test baseline (fixed step) and fine-tuning with all pools loaded
-- layouts     keep the CPU layout with the largest CPU depth
-- pipeline    all of the above for a set of pools -> Calibration
-- calibration the result, its JSON file, validation and fingerprint checks
-- plot/report the Fig. 4-like picture and the Table III-like text
-- simulated   a pool with a known service time (tests, benchmark)
-- http_pool   a running server as a pool (POST /embed)
+- rounds       the closed-loop workload (C one-query requests together, the next round after all)
+- profile      geometric growth, one aimed level, the settled crossing (`ProfileOptions`)
+- fit          t = alpha*C + beta (alpha, beta >= 0), C_max per SLO, length-aware token budget
+- stress       the stress-test baseline (fixed step)
+- recheck      whether the machine kept its speed during a calibration
+- layouts      keep the CPU layout with the largest CPU depth
+- pipeline     all of the above for a set of pools -> Calibration
+- calibration  the result, its JSON file, validation and fingerprint checks
+- plot/report  the Fig. 4-like picture and the Table III-like text
+- simulated    a pool with a known service time, and a virtual clock to run it on (tests, benchmark)
+- http_pool    a running server as a pool (POST /embed)
+- local_server a server subprocess for as long as it is profiled
 """
 
 from estimator.calibration import (
@@ -34,7 +35,8 @@ from estimator.fit import (
     fit_linear,
     token_budget_for_slo,
 )
-from estimator.pipeline import CalibrationOptions, CalibrationRunError, calibrate_pools
+from estimator.pipeline import CalibrationOptions, CalibrationRunError, calibrate_pool, calibrate_pools
+from estimator.profile import ProfileOptions, profile_pool
 from estimator.rounds import LevelSample, MakeQuery, Progress, Submit
 
 __all__ = [
@@ -48,15 +50,18 @@ __all__ = [
     "LinearFit",
     "MakeQuery",
     "PoolCalibration",
+    "ProfileOptions",
     "Progress",
     "SloDepth",
     "Submit",
+    "calibrate_pool",
     "calibrate_pools",
     "decide_depth",
     "depth_for_slo",
     "fingerprint_mismatch",
     "fit_linear",
     "load_calibration",
+    "profile_pool",
     "save_calibration",
     "token_budget_for_slo",
 ]

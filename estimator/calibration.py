@@ -1,10 +1,13 @@
 """The calibration result, its JSON file, and the checks `windve serve` runs when loading it.
 
-The file holds what was measured (samples), what was fitted, the depths derived per SLO
-(estimate, and stress-test / fine-tuned depths when those ran), the time each method took,
-and what it was measured on (model name + revision, a hardware fingerprint), so that a
-file from another model or machine is noticed. A failed request's latency is infinite;
-JSON has no infinity, so it is written as the string "Infinity".
+The file holds what was measured (samples, their tail the p99 of end-to-end latency), what was fitted,
+the depths derived per SLO (the estimate, and the stress test's depth when it ran), the time each method
+took, and what it was measured on (model name + revision, a hardware fingerprint), so that a file from
+another model or machine is noticed. A failed request's latency is infinite; JSON has no infinity, so it
+is written as the string "Infinity".
+
+Schema 2 measures the p99 tail. Files of schema 1 (written before, with a p95 tail and depths read off
+it) are refused with a message that says so: their depths aim at another tail.
 """
 
 from __future__ import annotations
@@ -25,9 +28,9 @@ from estimator.fit import LengthFit, LinearFit
 from estimator.layouts import LayoutTrial
 from estimator.recheck import CrossingCheck, SpeedCheck, crossing_check
 from estimator.rounds import LevelSample
-from estimator.stress import FineTuneResult, StressResult
+from estimator.stress import StressResult
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 class CalibrationError(ValueError):
@@ -43,17 +46,11 @@ class SloDepth:
     """Depths of one pool at one SLO, by each method (None = not run / unusable)."""
 
     slo: float
-    estimate: int | None  # from the fit; None = a single query misses the SLO (eq. 11)
+    estimate: int | None  # from the fit, what the service uses; None = a single query misses the SLO (eq. 11)
     reason: str
     token_budget: int | None = None  # tokens in flight, from the length-aware fit
     stress_test: int | None = None
-    fine_tuned: int | None = None
     capped: bool = False  # the estimate is --max-concurrency: the pool may hold the SLO deeper
-
-    @property
-    def depth(self) -> int | None:
-        """What the service should use: fine-tuned (measured with all pools) over estimate."""
-        return self.fine_tuned if self.fine_tuned is not None else self.estimate
 
 
 @dataclass(frozen=True)
@@ -99,20 +96,9 @@ class Calibration:
     rounds: int
     pools: dict[str, PoolCalibration]
     headroom: float = 0.0  # depths aim at SLO*(1 - headroom)
-    fine_tune: tuple[FineTuneResult, ...] = ()
     cpu_layout: LayoutRecord | None = None
-    scout_rounds: int | None = None  # None: written before levels were scouted (all had `rounds`)
     created: str = field(default_factory=_now)
     schema_version: int = SCHEMA_VERSION
-
-    def depth_for(self, pool: str, slo: float) -> int | None:
-        """Queue depth for `pool` at `slo` (KeyError naming what exists if either is unknown)."""
-        if pool not in self.pools:
-            raise KeyError(f"no pool {pool!r} in the calibration (pools: {', '.join(self.pools)})")
-        return self.pools[pool].at(slo).depth
-
-    def depths(self, slo: float) -> dict[str, int | None]:
-        return {name: self.depth_for(name, slo) for name in self.pools}
 
     def crossing_check(self, pool: str) -> CrossingCheck | None:
         """The pool's settled crossing against the SLO it was profiled for (the largest)."""
@@ -150,11 +136,6 @@ def to_json(calibration: Calibration) -> str:
 def _semantic_problems(calibration: Calibration) -> list[str]:
     """What types alone cannot say: ranges and consistency."""
     problems: list[str] = []
-    if calibration.schema_version != SCHEMA_VERSION:
-        problems.append(
-            f"schema_version is {calibration.schema_version}, this windve reads {SCHEMA_VERSION}: "
-            "re-run `windve calibrate`"
-        )
     try:
         datetime.fromisoformat(calibration.created)
     except ValueError:
@@ -163,8 +144,6 @@ def _semantic_problems(calibration: Calibration) -> list[str]:
         problems.append(f"slos must be a non-empty list of positive seconds (got {list(calibration.slos)})")
     if calibration.query_tokens < 1 or calibration.rounds < 1:
         problems.append("query_tokens and rounds must be >= 1")
-    if calibration.scout_rounds is not None and calibration.scout_rounds < 1:
-        problems.append("scout_rounds must be >= 1")
     if not 0 <= calibration.headroom < 1:
         problems.append(f"headroom must be in [0, 1) (got {calibration.headroom})")
     if not calibration.pools:
@@ -181,8 +160,8 @@ def _pool_problems(pool: PoolCalibration, slos: tuple[float, ...]) -> list[str]:
     for index, sample in enumerate(pool.samples + pool.length_samples):
         if sample.concurrency < 1 or sample.tokens < 1 or sample.rounds < 1 or sample.failures < 0:
             problems.append(f"samples[{index}]: concurrency, tokens and rounds must be >= 1, failures >= 0")
-        if not (0 <= sample.p95 <= sample.max) or math.isnan(sample.max):
-            problems.append(f"samples[{index}]: need 0 <= p95 <= max (got p95={sample.p95}, max={sample.max})")
+        if not (0 <= sample.p99 <= sample.max) or math.isnan(sample.max):
+            problems.append(f"samples[{index}]: need 0 <= p99 <= max (got p99={sample.p99}, max={sample.max})")
     fit = pool.fit
     if not (fit.alpha >= 0 and fit.beta >= 0 and math.isfinite(fit.alpha) and math.isfinite(fit.beta)):
         problems.append(f"fit: alpha and beta must be finite and >= 0 (got alpha={fit.alpha}, beta={fit.beta})")
@@ -193,7 +172,7 @@ def _pool_problems(pool: PoolCalibration, slos: tuple[float, ...]) -> list[str]:
     if missing:
         problems.append(f"depths: no entry for SLO {', '.join(f'{slo:g}' for slo in missing)}")
     for entry in pool.depths:
-        for method in ("estimate", "token_budget", "stress_test", "fine_tuned"):
+        for method in ("estimate", "token_budget", "stress_test"):
             value = getattr(entry, method)
             if value is not None and value < 0:
                 problems.append(f"depths[slo={entry.slo:g}].{method} must be >= 0 (got {value})")
@@ -208,6 +187,13 @@ def from_dict(data: Any, source: str = "calibration") -> Calibration:
     """Validate and build; CalibrationError lists every problem with its location."""
     if not isinstance(data, dict):
         raise CalibrationError(f"{source}: expected a JSON object at the top level")
+    version = data.get("schema_version")
+    if version != SCHEMA_VERSION:
+        old = " (an older windve's, whose depths aim at the p95 tail; this one aims at the p99)" if version == 1 else ""
+        raise CalibrationError(
+            f"{source}: schema_version is {version!r}{old}, this windve reads {SCHEMA_VERSION}: "
+            "re-run `windve calibrate`"
+        )
     try:
         calibration = _ADAPTER.validate_python(data)
     except ValidationError as exc:

@@ -1,6 +1,6 @@
 """Latency models fitted from profiling samples, and the queue depths they allow.
 
-Paper model (eq. 10): tail latency `t = alpha*C + beta` at concurrency C, with alpha >= 0
+Paper model (eq. 10): tail latency (p99) `t = alpha*C + beta` at concurrency C, with alpha >= 0
 and beta >= 0. Both are fitted as non-negative coefficients of the columns [C, 1]
 (scikit-learn's `positive=True` does not constrain an intercept, so beta is the
 coefficient of a constant column instead); that is the exact least-squares solution under
@@ -30,9 +30,8 @@ from sklearn.metrics import r2_score
 DEFAULT_DEPTH_CAP = 4096
 
 # The share of the SLO a depth keeps in reserve, unless told otherwise: at the exact formula the
-# measured tail sits on the SLO and misses it about half the time by noise alone. At 10 % the
-# tail at the depth still came to 0.88-1.04x the SLO in steady checks on a 2-core VM (the line
-# is off by up to ~7 % where batches fill in steps, and a round's tail moves by as much again).
+# measured tail sits on the SLO and misses it about half the time by noise alone (figures:
+# bench/ESTIMATOR.md, "Headroom").
 DEFAULT_HEADROOM = 0.15
 
 # Relative slack for float round-off, so that a depth landing exactly on the SLO counts.
@@ -111,23 +110,11 @@ class DepthDecision:
     capped: bool = False
 
 
-def _nonnegative_least_squares(
-    columns: np.ndarray, latency: np.ndarray, weights: np.ndarray | None
-) -> tuple[np.ndarray, float]:
-    model = LinearRegression(positive=True, fit_intercept=False).fit(columns, latency, sample_weight=weights)
+def _nonnegative_least_squares(columns: np.ndarray, latency: np.ndarray) -> tuple[np.ndarray, float]:
+    """The least-squares coefficients of `columns`, all >= 0, and the fit's R^2."""
+    model = LinearRegression(positive=True, fit_intercept=False).fit(columns, latency)
     coefficients = np.clip(model.coef_, 0.0, None)  # the solver may return -0.0
-    # R^2 over the levels as measured, unweighted: with two heavy levels a weighted R^2 is ~1
-    # whatever the levels between them do.
     return coefficients, float(r2_score(latency, columns @ coefficients))
-
-
-def _as_weights(weights: Sequence[float] | None, count: int) -> np.ndarray | None:
-    if weights is None:
-        return None
-    array = _as_samples("weights", weights)
-    if len(array) != count or np.any(array <= 0):
-        raise ValueError(f"weights must be {count} positive numbers, one per sample")
-    return array
 
 
 def _as_samples(name: str, values: Sequence[float]) -> np.ndarray:
@@ -139,13 +126,8 @@ def _as_samples(name: str, values: Sequence[float]) -> np.ndarray:
     return array
 
 
-def fit_linear(
-    concurrency: Sequence[float], latency: Sequence[float], weights: Sequence[float] | None = None
-) -> LinearFit:
-    """Fit t = alpha*C + beta with alpha, beta >= 0; needs two or more distinct concurrencies.
-
-    `weights` (e.g. each level's rounds) make better-measured levels count for more.
-    """
+def fit_linear(concurrency: Sequence[float], latency: Sequence[float]) -> LinearFit:
+    """Fit t = alpha*C + beta with alpha, beta >= 0; needs two or more distinct concurrencies."""
     c = _as_samples("concurrency", concurrency)
     t = _as_samples("latency", latency)
     if len(c) != len(t):
@@ -155,16 +137,11 @@ def fit_linear(
     if np.any(c <= 0) or np.any(t < 0):
         raise ValueError("concurrency must be positive and latency non-negative")
     columns = np.column_stack([c, np.ones_like(c)])
-    (alpha, beta), r2 = _nonnegative_least_squares(columns, t, _as_weights(weights, len(c)))
+    (alpha, beta), r2 = _nonnegative_least_squares(columns, t)
     return LinearFit(alpha=float(alpha), beta=float(beta), r2=r2, points=len(c))
 
 
-def fit_length_aware(
-    concurrency: Sequence[float],
-    length: Sequence[float],
-    latency: Sequence[float],
-    weights: Sequence[float] | None = None,
-) -> LengthFit:
+def fit_length_aware(concurrency: Sequence[float], length: Sequence[float], latency: Sequence[float]) -> LengthFit:
     """Fit t = C*(a*L + q*L^2 + b) + c with a, q, b, c >= 0 (q = 0 with fewer than three lengths).
 
     Needs two or more lengths and three or more samples.
@@ -180,9 +157,7 @@ def fit_length_aware(
         raise ValueError("concurrency and length must be positive and latency non-negative")
     attention = c * n * n if len(np.unique(n)) >= 3 else np.zeros_like(c)
     columns = np.column_stack([c * n, attention, c, np.ones_like(c)])
-    (per_token, per_token_squared, per_query, constant), r2 = _nonnegative_least_squares(
-        columns, t, _as_weights(weights, len(c))
-    )
+    (per_token, per_token_squared, per_query, constant), r2 = _nonnegative_least_squares(columns, t)
     return LengthFit(
         per_token=float(per_token),
         per_query=float(per_query),
@@ -243,13 +218,6 @@ def depth_for_slo(
 ) -> int | None:
     """The deepest queue that meets `slo`; None when a single query already misses it."""
     return decide_depth(fit, slo, cap, headroom).depth
-
-
-def depth_for_length(
-    fit: LengthFit, slo: float, length: int, cap: int = DEFAULT_DEPTH_CAP, headroom: float = 0.0
-) -> int | None:
-    """Query depth for queries of `length` tokens, from the length-aware fit."""
-    return depth_for_slo(fit.at_length(length), slo, cap, headroom)
 
 
 def token_budget_for_slo(

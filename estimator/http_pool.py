@@ -86,19 +86,16 @@ class ExactLengthTexts:
 
 
 class ClientPerRequest:
-    """httpx clients of one connection each, one lent to every request in flight.
+    """httpx clients of one connection each, one lent to every request in flight, kept and lent again.
 
-    One client holding C connections costs its own process CPU per request that grows with C
-    (its pool is searched on every request): 6.5 ms a request at C = 64 here, as much CPU as
-    the server's workers spent on the round, on the cores the server shares when both run on
-    one host, so the server was timed ~2x slower than it serves (a 1 s depth of 50 against the
-    in-process 143). A client per request in flight: ~1 ms. Clients are kept and lent again,
-    so each round reuses the connections of the last.
+    One client holding C connections searches its pool on every request, at a CPU cost that grows with
+    C, spent on the cores the server shares when both run on one host: it was timed as server latency
+    (figures: bench/ESTIMATOR.md, "The HTTP client").
     """
 
     def __init__(self, **client_options: Any) -> None:
-        # Each client would load the CA certificates again (20 ms here, inside the timed round
-        # that first needs it); one context, verifying as httpx does by default, serves them all.
+        # Each client would load the CA certificates again, inside the timed round that first needs
+        # it; one context, verifying as httpx does by default, serves them all.
         self._options = {"verify": httpx.create_ssl_context(), **client_options}
         self._idle: list[httpx.AsyncClient] = []
         self._all: list[httpx.AsyncClient] = []

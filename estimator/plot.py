@@ -1,4 +1,4 @@
-"""The calibration picture (like the paper's Fig. 4): measured tail latency against
+"""The calibration picture (like the paper's Fig. 4): measured p99 latency against
 concurrency, the fitted line, each SLO as a horizontal line and its depth as a vertical one.
 
 Drawn on a bare matplotlib Figure with the Agg canvas: no pyplot global state, no display.
@@ -13,7 +13,6 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from estimator.calibration import Calibration, PoolCalibration
-from estimator.recheck import measured_in_full
 
 _SLO_COLORS = ("tab:red", "tab:purple", "tab:brown", "tab:olive")
 
@@ -26,25 +25,15 @@ def _finite(values: list[float]) -> np.ndarray:
 def _draw_pool(axes, name: str, pool: PoolCalibration, query_tokens: int) -> None:
     concurrency = [s.concurrency for s in pool.samples]
     worst = _finite([s.max for s in pool.samples])
-    full = measured_in_full(pool.samples, pool.settled)
-    scouted = [s for s in pool.samples if not any(s is f for f in full)]
-    axes.scatter(
-        [s.concurrency for s in full], _finite([s.p95 for s in full]), color="tab:blue", label="p95 (profiled)",
-        zorder=3,
-    )
-    if scouted:
-        axes.scatter(
-            [s.concurrency for s in scouted], _finite([s.p95 for s in scouted]), color="tab:cyan", marker="s",
-            label="p95 (scouted, fewer rounds)", zorder=3,
-        )
+    axes.scatter(concurrency, _finite([s.p99 for s in pool.samples]), color="tab:blue", label="p99", zorder=3)
     axes.scatter(concurrency, worst, facecolors="none", edgecolors="tab:blue", label="max", zorder=3)
     if pool.stress is not None:
         axes.scatter(
             [s.concurrency for s in pool.stress.samples],
-            _finite([s.p95 for s in pool.stress.samples]),
+            _finite([s.p99 for s in pool.stress.samples]),
             marker="x",
             color="tab:gray",
-            label=f"p95 (stress test, step {pool.stress.step})",
+            label=f"p99 (stress test, step {pool.stress.step})",
             zorder=2,
         )
     depths = [entry.estimate for entry in pool.depths if entry.estimate]
@@ -61,7 +50,7 @@ def _draw_pool(axes, name: str, pool: PoolCalibration, query_tokens: int) -> Non
             axes.axvline(entry.estimate, color=color, linestyle=":", linewidth=1.5, label=label)
     axes.set_title(f"{name}: {query_tokens}-token queries")
     axes.set_xlabel("concurrency C (queries in flight)")
-    axes.set_ylabel("tail latency (s)")
+    axes.set_ylabel("p99 latency (s)")
     axes.set_xlim(0, right)
     axes.set_ylim(bottom=0)
     axes.grid(alpha=0.3)
@@ -81,7 +70,7 @@ def _draw_lengths(axes, name: str, pool: PoolCalibration) -> None:
     for index, length in enumerate(sorted({s.tokens for s in samples})):
         mine = [s for s in samples if s.tokens == length]
         charged = [s.concurrency * fit.charge(length) for s in mine]
-        axes.scatter(charged, _finite([s.p95 for s in mine]), color=f"C{index}", label=f"L = {length}", zorder=3)
+        axes.scatter(charged, _finite([s.p99 for s in mine]), color=f"C{index}", label=f"L = {length}", zorder=3)
     line = np.linspace(0, right, 100)
     label = f"fit {fit.per_token:.3g}·charged + {fit.constant:.3g} (R²={fit.r2:.3f})"
     axes.plot(line, fit.per_token * line + fit.constant, color="tab:green", label=label)
@@ -90,12 +79,12 @@ def _draw_lengths(axes, name: str, pool: PoolCalibration) -> None:
         if entry.token_budget:
             label = f"budget {entry.token_budget} tokens @ {entry.slo:g} s"
             axes.axvline(entry.token_budget, color="tab:red", linestyle=":", label=label)
-    measured = _finite([s.p95 for s in samples])
+    measured = _finite([s.p99 for s in samples])
     top = max(max(entry.slo for entry in pool.depths) * 1.5, float(np.nanmax(measured)) * 1.1)
     axes.set_title(f"{name}: length-aware fit")
     ratio = fit.squared_token_ratio or 0.0
     axes.set_xlabel(f"charged tokens in flight: C × (L + {ratio:.3g}·L² + {fit.per_query_tokens})")
-    axes.set_ylabel("tail latency (s)")
+    axes.set_ylabel("p99 latency (s)")
     axes.set_xlim(0, right)
     axes.set_ylim(0, top)
     axes.grid(alpha=0.3)

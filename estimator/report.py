@@ -1,4 +1,4 @@
-"""The calibration as text: a table like the paper's Table III, then fits and notes."""
+"""The calibration as text: a table like the paper's Table III (depth and time per method), then fits and notes."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ from collections.abc import Sequence
 
 from estimator.calibration import Calibration
 from estimator.fit import LengthFit
-from estimator.stress import FineTuneResult
 
 
 def _depth(value: int | None, ran: bool) -> str:
@@ -31,19 +30,14 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     return [line(header), "  ".join("-" * width for width in widths), *(line(row) for row in rows)]
 
 
-def _fine_tune_for(calibration: Calibration, slo: float) -> FineTuneResult | None:
-    return next((result for result in calibration.fine_tune if result.slo == slo), None)
-
-
 def format_report(calibration: Calibration) -> str:
     """Depth per pool and SLO by each method with the wall time it took, then the fits."""
     any_stress = any(pool.stress is not None for pool in calibration.pools.values())
     step = next((pool.stress.step for pool in calibration.pools.values() if pool.stress), None)
     stress_title = f"stress test (step {step})" if any_stress else "stress test"
-    header = ["SLO (s)", "pool", "estimate", "time (s)", stress_title, "time (s)", "fine-tuned", "time (s)"]
+    header = ["SLO (s)", "pool", "estimate", "time (s)", stress_title, "time (s)"]
     rows = []
     for slo in calibration.slos:
-        tuned = _fine_tune_for(calibration, slo)
         for name, pool in calibration.pools.items():
             entry = pool.at(slo)
             rows.append(
@@ -54,30 +48,16 @@ def format_report(calibration: Calibration) -> str:
                     _seconds(pool.profile_seconds),
                     _depth(entry.stress_test, pool.stress is not None),
                     _seconds(pool.stress.seconds if pool.stress else None),
-                    _depth(entry.fine_tuned, tuned is not None),
-                    _seconds(tuned.seconds if tuned else None),
                 ]
             )
     aim = f", aiming at {1 - calibration.headroom:.0%} of the SLO" if calibration.headroom else ""
-    scouted = calibration.scout_rounds
-    per_level = f"{calibration.rounds} rounds per level" + (
-        f" ({scouted} per scouted level)" if scouted is not None and scouted < calibration.rounds else ""
-    )
     lines = [
-        f"Queue depths (queries of {calibration.query_tokens} tokens, {per_level}{aim}) "
-        f"for {calibration.model.name} on {calibration.hardware_fingerprint}",
+        f"Queue depths (p99 of queries of {calibration.query_tokens} tokens, {calibration.rounds} rounds per level"
+        f"{aim}) for {calibration.model.name} on {calibration.hardware_fingerprint}",
         *_table(header, rows),
         "",
+        "Fits (p99 latency t in seconds, C queries in flight):",
     ]
-    if calibration.fine_tune:
-        lines.append("Fine-tuning loads all pools together, so its time is shared by the pools of one SLO.")
-        for result in calibration.fine_tune:
-            if not result.confirmed:
-                lines.append(
-                    f"  SLO {result.slo:g} s: the final check with all pools at their tuned depths missed "
-                    "the SLO (noise or interference); consider more --rounds."
-                )
-    lines.append("Fits (tail latency t in seconds, C queries in flight):")
     for name, pool in calibration.pools.items():
         fit = pool.fit
         lines.append(
@@ -101,7 +81,8 @@ def format_report(calibration: Calibration) -> str:
                 f"  {name}: {refused.failures} of {refused.concurrency * refused.rounds} requests at "
                 f"C={refused.concurrency} failed ({refused.first_error}); the fit uses the levels that were "
                 "answered. A server refuses what its queues cannot hold: while calibrating it by --url, "
-                "give it deeper queues (e.g. WINDVE_CPU_DEPTH=1024)."
+                "give it deeper queues and static depth control (e.g. WINDVE_CPU_DEPTH=100000 "
+                "WINDVE_DEPTH_CONTROL=static)."
             )
         if pool.recheck is not None:
             lines.append(f"  {name} recheck: {pool.recheck.describe()}")

@@ -1,4 +1,8 @@
-"""Where each pool's queue depth comes from: a setting, a calibration, or a warm-up probe."""
+"""Where each pool's queue depth comes from: a setting, a calibration, or a warm-up probe.
+
+Every depth aims at the SLO on the p99 of latency. With adaptive depth control it is the seed the
+dispatcher's online controller starts from; with static control, the depth itself.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,6 @@ import asyncio
 import logging
 import math
 import statistics
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,7 +48,7 @@ def depth_from_calibration(calibration: Calibration, pool: str, slo: float, orig
         return None
     try:
         entry = measured.at(slo)
-        depth, reason = entry.depth, entry.reason
+        depth, reason = entry.estimate, entry.reason
         token_budget = entry.token_budget
     except KeyError:
         decision = decide_depth(measured.fit, slo, headroom=calibration.headroom)
@@ -73,18 +76,24 @@ def depth_from_calibration(calibration: Calibration, pool: str, slo: float, orig
 async def probe_depth(
     pool: str, submit: Callable[[Sequence[np.ndarray]], Awaitable[Any]], query: np.ndarray, batch: int, slo: float
 ) -> DepthSource:
-    """A two-point estimate of `latency = alpha*C + beta` until `windve calibrate` runs.
+    """A two-point estimate of p99 `latency = alpha*C + beta`, the depth a pool starts with when neither
+    a setting nor a calibration gives one; the online depth controller moves on from it.
 
-    One query alone gives beta; a full batch per instance gives the drain rate, whose
-    inverse is alpha. Cheap (a few rounds), and measured rather than guessed. A first,
-    unmeasured round lets the kernels meet these shapes before the clock runs. The depth
-    keeps `windve calibrate`'s default headroom.
+    It times closed-loop rounds through `submit`, which the service gives as the pool's own queue: the
+    queue manager's dispatch and batching and the engines, not the front end (HTTP, validation and
+    tokenization add nothing to these latencies). So it reads the pool somewhat faster than a client
+    sees it, and its depth is somewhat deeper than `windve calibrate` over HTTP finds. A round's time is
+    its last answer, which is the p99 of its queries. One query alone gives beta; a full batch per
+    instance gives the drain rate, whose inverse is alpha. A first, unmeasured round lets the kernels
+    meet these shapes before the clock runs. The depth keeps `windve calibrate`'s default headroom.
     """
 
+    loop = asyncio.get_running_loop()
+
     async def closed_loop_round(concurrency: int) -> float:
-        started = time.perf_counter()
+        started = loop.time()  # the loop's clock: exact for a simulated pool on a virtual clock
         await asyncio.gather(*(submit([query]) for _ in range(concurrency)))
-        return time.perf_counter() - started
+        return loop.time() - started
 
     await closed_loop_round(batch)
     beta = min([await closed_loop_round(1) for _ in range(3)])

@@ -21,9 +21,9 @@ SIM_SERVER = Path(__file__).with_name("sim_server.py")
 def collector_walks_only_this_test() -> Iterator[None]:
     """Freeze what earlier tests and fixtures left alive, for the length of each test.
 
-    These tests time pools in this process, simulated ones in milliseconds. By then the suite's
-    heap holds ~600k objects, and a full collection of it took 150-430 ms here: inside a timed
-    level it reads as the pool's latency. Frozen, a collection walks only the test's own objects
+    Some of these tests time real pools in this process. By then the suite's heap holds ~600k
+    objects, and a full collection of it took 150-430 ms here: inside a timed level it reads as the
+    pool's latency. Frozen, a collection walks only the test's own objects
     (none took over 5 ms inside a test's call in a probe of the real-calibration and algorithm
     tests). The thresholds come back too: `windve calibrate` run in-process sets them for serving
     (windve/gc_tuning.py).
@@ -37,17 +37,17 @@ def collector_walks_only_this_test() -> Iterator[None]:
 
 @pytest.fixture
 def collector_when_measuring(monkeypatch) -> list[int]:
-    """The young-generation threshold each time `windve calibrate` starts to measure its pools."""
+    """The young-generation threshold each time `windve calibrate` starts to measure a pool."""
     from windve.commands import calibrate
 
     seen: list[int] = []
-    measure = calibrate.calibrate_pools
+    measure = calibrate.calibrate_pool
 
     async def recorded(*args, **kwargs):
         seen.append(gc.get_threshold()[0])
         return await measure(*args, **kwargs)
 
-    monkeypatch.setattr(calibrate, "calibrate_pools", recorded)
+    monkeypatch.setattr(calibrate, "calibrate_pool", recorded)
     return seen
 
 

@@ -1,4 +1,4 @@
-"""`windve calibrate` end to end: bad arguments, and a full run against a real HTTP server."""
+"""`windve calibrate` end to end: bad arguments, the servers it starts, and full runs over real HTTP."""
 
 from __future__ import annotations
 
@@ -15,10 +15,13 @@ import matplotlib.image
 import pytest
 import redis
 
+from devices import Plan
 from estimator.calibration import load_calibration
 from tests.estimator.cli_runner import run_cli
+from tests.estimator.conftest import SIM_SERVER
 from windve.commands import calibrate
 from windve.gc_tuning import YOUNG_THRESHOLD
+from windve.settings import InstanceConfig, load_settings
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -30,7 +33,9 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
         (["--slo", "-1"], "--slo must be > 0"),
         (["--slo", "fast"], "--slo must be a number, got 'fast'"),
         (["--rounds", "0"], "--rounds must be > 0"),
-        (["--scout-rounds", "0"], "--scout-rounds must be > 0"),
+        (["--url", "http://127.0.0.1:9", "--in-process"], "argument --in-process: not allowed with argument --url"),
+        (["--scout-aims"], "unrecognized arguments: --scout-aims"),
+        (["--scout-rounds", "1"], "unrecognized arguments: --scout-rounds"),
         (["--pools", "gpu"], "unknown pool gpu: choose from accelerator, cpu"),
         (["--lengths", "75"], "--lengths needs two or more token counts"),
         (["--step", "1.5"], "--step must be a number"),
@@ -51,8 +56,7 @@ def test_help_states_each_default_once_and_only_real_ones(capsys) -> None:
     assert "(default: None)" not in text and "(default: False)" not in text
     assert ") (default:" not in text  # a default stated twice
     for option, default in [("--rounds ROUNDS", "5"), ("--step STEP", "8"), ("--headroom HEADROOM", "0.15"),
-                            ("--max-concurrency MAX_CONCURRENCY", "4096"), ("--out OUT", "calibration.json"),
-                            ("--scout-rounds SCOUT_ROUNDS", "1")]:
+                            ("--max-concurrency MAX_CONCURRENCY", "4096"), ("--out OUT", "calibration.json")]:
         option_help = text.split(f" {option} ", 1)[1].split(" --", 1)[0]
         assert f"(default: {default}" in option_help, option
 
@@ -82,23 +86,53 @@ def test_profiling_a_server_raises_the_open_file_limit_up_to_the_hard_one() -> N
     assert soft == "512" and "open files are limited to 512" in warning and "--max-concurrency" in warning
 
 
-def test_the_fitted_crossing_is_settled_unless_no_settle_is_given() -> None:
+def test_the_flags_make_the_options() -> None:
     parser = argparse.ArgumentParser()
     calibrate.add_arguments(parser)
-    assert calibrate.options_from_args(parser.parse_args([])).settle is True
-    assert calibrate.options_from_args(parser.parse_args(["--no-settle"])).settle is False
+    options = calibrate.options_from_args(parser.parse_args(
+        ["--slo", "0.5", "--slo", "2", "--rounds", "3", "--max-concurrency", "64", "--query-tokens", "32",
+         "--stress-test", "--step", "4", "--lengths", "16,256", "--headroom", "0.2", "--recheck"]
+    ))
+    assert options.slos == (0.5, 2.0) and options.headroom == 0.2 and options.recheck
+    assert (options.stress_step, options.lengths) == (4, (16, 256))
+    profile = options.profile
+    assert (profile.rounds, profile.max_concurrency, profile.query_tokens) == (3, 64, 32)
+    assert profile.request_timeout == 30.0  # 10x the largest SLO, at least 30 s
+    defaults = calibrate.options_from_args(parser.parse_args([]))
+    assert defaults.slos == (1.0,) and defaults.stress_step is None and defaults.profile.rounds == 5
 
 
-def test_the_profile_chooses_how_to_measure_the_aims_unless_told(capsys) -> None:
-    parser = argparse.ArgumentParser()
-    calibrate.add_arguments(parser)
-    assert calibrate.options_from_args(parser.parse_args([])).scout_aims is None
-    assert calibrate.options_from_args(parser.parse_args(["--scout-aims"])).scout_aims is True
-    assert calibrate.options_from_args(parser.parse_args(["--full-aims"])).scout_aims is False
-    with pytest.raises(SystemExit) as exit_:
-        run_cli("--scout-aims", "--full-aims")
-    assert exit_.value.code == 2
-    assert "argument --full-aims: not allowed with argument --scout-aims" in capsys.readouterr().err
+def test_each_pool_is_served_alone_on_the_cores_of_the_full_plan() -> None:
+    settings = load_settings(calibration_file="/nowhere/calibration.json", cpu_depth=7)
+    plan = Plan(pools=(), reserved_cores=(0,), heterogeneous=False)
+    cpu = calibrate.pool_settings(settings, plan, "cpu")
+    assert (cpu.device, cpu.reserved_cores, cpu.heterogeneous) == ("cpu", [0], True)
+    # Static depth control with depths that refuse nothing, and no calibration file to take depths from.
+    assert (cpu.depth_control, cpu.cpu_depth, cpu.accelerator_depth) == ("static", 1_000_000, 1_000_000)
+    assert cpu.calibration_file is None
+    accelerator = calibrate.pool_settings(settings, plan, "accelerator")
+    assert (accelerator.device, accelerator.heterogeneous) == ("auto", False)  # accelerator first: only it
+    explicit = settings.model_copy(update={"plan": [
+        InstanceConfig(pool="accelerator", device="cuda:0"), InstanceConfig(pool="cpu", cores=[1])
+    ]})
+    assert [inst.pool for inst in calibrate.pool_settings(explicit, plan, "cpu").plan] == ["cpu"]
+
+
+def test_the_server_gets_every_setting_and_none_of_this_process_windve_variables(monkeypatch) -> None:
+    monkeypatch.setenv("WINDVE_CALIBRATION_FILE", "/nowhere/calibration.json")
+    monkeypatch.setenv("WINDVE_MAX_BATCH_SIZE", "7")
+    settings = calibrate.pool_settings(load_settings(), Plan(pools=(), reserved_cores=(1,), heterogeneous=False), "cpu")
+    env = calibrate.serve_env(settings)
+    assert "WINDVE_CALIBRATION_FILE" not in env and "WINDVE_HOST" not in env and "WINDVE_PORT" not in env
+    assert env["WINDVE_DEPTH_CONTROL"] == "static" and env["WINDVE_CPU_DEPTH"] == "1000000"
+    assert env["WINDVE_DEVICE"] == "cpu" and env["WINDVE_RESERVED_CORES"] == "[1]"
+    assert env["WINDVE_MAX_BATCH_SIZE"] == "7" and env["PATH"] == os.environ["PATH"]
+    # What `windve serve` reads from that environment is exactly these settings.
+    for key in [key for key in os.environ if key.startswith("WINDVE_")]:
+        monkeypatch.delenv(key)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert load_settings() == settings.model_copy(update={"host": "127.0.0.1", "port": 8080})
 
 
 @pytest.mark.parametrize(
@@ -114,10 +148,8 @@ def test_the_profile_chooses_how_to_measure_the_aims_unless_told(capsys) -> None
         (["--out", "{tmp}/same", "--plot", "{tmp}/same"], "--out and --plot name the same file"),
         (["--query-tokens", "100000"], "query length 100000 is outside 3..256 tokens"),
         (["--lengths", "2,75"], "query length 2 is outside 3..256"),
-        (["--rounds", "2", "--scout-rounds", "3"], "--scout-rounds 3 is more than --rounds 2"),
-        (["--scout-aims", "--no-settle"], "--scout-aims needs the settled crossing: drop --no-settle"),
         (["--url", "ftp://host"], "--url must start with http:// or https://"),
-        (["--url", "http://127.0.0.1:9", "--pools", "cpu"], "--pools and --choose-cpu-layout need the in-process mode"),
+        (["--url", "http://127.0.0.1:9", "--pools", "cpu"], "--pools and --choose-cpu-layout choose which servers"),
     ],
 )
 def test_bad_arguments_exit_2_before_profiling(argv, message, tmp_path: Path, monkeypatch, capsys) -> None:
@@ -154,7 +186,7 @@ def test_calibrating_a_server_by_url_writes_json_png_table_and_redis(
     out, plot = tmp_path / "calibration.json", tmp_path / "calibration.png"
     code = run_cli(
         "--url", server.url, "--slo", "0.1", "--slo", "0.05", "--rounds", "2", "--max-concurrency", "128",
-        "--stress-test", "--step", "8", "--fine-tune", "--lengths", "16,75",
+        "--stress-test", "--step", "8", "--lengths", "16,75",
         "--out", str(out), "--plot", str(plot), "--redis-url", redis_server.url,
     )
     captured = capsys.readouterr()
@@ -166,9 +198,8 @@ def test_calibrating_a_server_by_url_writes_json_png_table_and_redis(
     pool = calibration.pools["server"]
     assert pool.fit.alpha > 0 and pool.fit.r2 > 0.5  # HTTP on a shared machine is noisy; quality is tested elsewhere
     assert pool.stress is not None and pool.length_fit is not None
-    # --lengths measures every level in full, and the file says so.
-    assert calibration.rounds == calibration.scout_rounds == 2 and {s.rounds for s in pool.samples} == {2}
-    assert all(entry.estimate and entry.stress_test is not None and entry.fine_tuned for entry in pool.depths)
+    assert calibration.rounds == 2 and {s.rounds for s in pool.samples} == {2}
+    assert all(entry.estimate and entry.stress_test is not None for entry in pool.depths)
     assert plot.read_bytes()[:8] == PNG_MAGIC and matplotlib.image.imread(plot).ndim == 3
     assert "stress test (step 8)" in captured.out and f"wrote {out} and {plot}" in captured.out
     assert "published to Redis under windve:calibration:sim-rev-1:sim-host" in captured.out
@@ -178,32 +209,78 @@ def test_calibrating_a_server_by_url_writes_json_png_table_and_redis(
     assert collector_when_measuring == [YOUNG_THRESHOLD]
 
 
-@pytest.mark.parametrize(
-    ("flags", "scouted", "rounds", "refused_at"),
-    [
-        ([], 1, [2, 1, 1, 2], 16),  # by default levels far below the SLO are scouted with one round, growing 4x
-        (["--scout-rounds", "2"], 2, [2, 2, 2, 2], 8),  # as many as --rounds: every level in full, doubling
-    ],
-)
-def test_server_answering_busy_is_profiled_up_to_its_limit(
-    sim_server_factory, tmp_path: Path, capsys, flags: list[str], scouted: int, rounds: list[int], refused_at: int
-) -> None:
-    server = sim_server_factory("--limit", "6", "--per-query", "0.05")  # requests of a round overlap
+def test_server_answering_busy_is_profiled_up_to_its_limit(sim_server_factory, tmp_path: Path, capsys) -> None:
+    server = sim_server_factory("--limit", "6", "--per-query", "0.05")  # the requests of a round overlap
     out = tmp_path / "c.json"
-    code = run_cli("--url", server.url, "--slo", "1", "--rounds", "2", *flags, "--out", str(out))
+    code = run_cli("--url", server.url, "--slo", "1", "--rounds", "2", "--out", str(out))
     assert code == 0, capsys.readouterr().err
     # Without --plot, the picture lands beside the JSON.
     assert (tmp_path / "c.png").read_bytes()[:8] == PNG_MAGIC
-    calibration = load_calibration(out)
-    samples = calibration.pools["server"].samples
-    # The file and the table say how many rounds the scouted levels took.
-    shape = [(s.concurrency, s.rounds) for s in samples]
-    assert calibration.scout_rounds == scouted and [taken for _, taken in shape] == rounds, shape
-    assert samples[-1].concurrency == refused_at and samples[-1].failures > 0
+    samples = load_calibration(out).pools["server"].samples
+    # 1 and 4 are answered; 16 is more than the server holds: the growth level that misses ends the profile.
+    assert [(s.concurrency, s.rounds, s.failures > 0) for s in samples] == [(1, 2, False), (4, 2, False), (16, 2, True)]
     assert "HTTP 429" in (samples[-1].first_error or "")
     out_text = capsys.readouterr().out
-    assert f"p95 inf s > SLO 1 s at C={refused_at}" in out_text
-    assert ("2 rounds per level (1 per scouted level)" in out_text) == (scouted == 1)
-    refused = rf"server: \d+ of {2 * refused_at} requests at C={refused_at} failed \(ServerRefused: HTTP 429"
-    assert re.search(refused, out_text)
-    assert "give it deeper queues (e.g. WINDVE_CPU_DEPTH=1024)" in out_text
+    assert "p99 inf s > SLO 1 s at C=16" in out_text and "2 rounds per level" in out_text
+    assert re.search(r"server: \d+ of 32 requests at C=16 failed \(ServerRefused: HTTP 429", out_text)
+    assert "give it deeper queues and static depth control (e.g. WINDVE_CPU_DEPTH=100000" in out_text
+
+
+@pytest.fixture
+def served_by_sim_server(monkeypatch, tmp_path: Path) -> list[Path]:
+    """`windve calibrate` starts the simulated server where it would start `windve serve`; each one records
+    what it was started with, and that it stopped."""
+    records: list[Path] = []
+
+    def command(port: int) -> list[str]:
+        records.append(tmp_path / f"server-{len(records)}.txt")
+        record = ["--record", str(records[-1])]
+        return [sys.executable, str(SIM_SERVER), "--port", str(port), "--per-query", "0.01", *record]
+
+    monkeypatch.setattr(calibrate, "serve_command", command)
+    return records
+
+
+def test_by_default_a_server_is_started_for_each_pool_profiled_over_http_and_stopped(
+    served_by_sim_server: list[Path], tmp_path: Path, capsys, collector_when_measuring: list[int]
+) -> None:
+    out = tmp_path / "c.json"
+    code = run_cli("--slo", "0.5", "--rounds", "2", "--pools", "cpu", "--out", str(out))
+    assert code == 0, capsys.readouterr().err
+    calibration = load_calibration(out)
+    assert list(calibration.pools) == ["cpu"] and calibration.pools["cpu"].at(0.5).estimate
+    # The server held the cpu pool alone, with static depth control and depths that refuse nothing ...
+    [record] = served_by_sim_server
+    started, stopped = record.read_text().splitlines()
+    env = json.loads(started)
+    assert (env["WINDVE_DEVICE"], env["WINDVE_DEPTH_CONTROL"], env["WINDVE_CPU_DEPTH"]) == ("cpu", "static", "1000000")
+    # ... and shut down on SIGTERM once the pool was profiled.
+    assert stopped == "stopped"
+    # The depths are for the service's full plan on this machine, as `windve serve` fingerprints it.
+    import devices
+    from windve.service import hardware_fingerprint, make_plan
+
+    settings = load_settings()
+    hardware = devices.detect_hardware(settings.sysfs_root)
+    assert calibration.hardware_fingerprint == hardware_fingerprint(hardware, make_plan(settings, hardware))
+    assert collector_when_measuring == [YOUNG_THRESHOLD]
+
+
+def test_the_cpu_layout_is_chosen_over_http_too(served_by_sim_server: list[Path], tmp_path: Path, capsys) -> None:
+    out = tmp_path / "c.json"
+    code = run_cli("--choose-cpu-layout", "--slo", "0.5", "--rounds", "1", "--out", str(out))
+    assert code == 0, capsys.readouterr().err
+    layout = load_calibration(out).cpu_layout
+    assert layout is not None and layout.chosen == "per-node" and layout.trials[0].depth
+    # A server per candidate layout, then one per pool of the chosen layout; each one stopped.
+    assert len(served_by_sim_server) == len(layout.trials) + 1
+    assert all(record.read_text().endswith("stopped\n") for record in served_by_sim_server)
+
+
+def test_a_server_that_does_not_start_exits_1_with_its_output(monkeypatch, tmp_path: Path, capsys) -> None:
+    failing = "import sys; print('no model here'); sys.exit(3)"
+    monkeypatch.setattr(calibrate, "serve_command", lambda port: [sys.executable, "-c", failing])
+    code = run_cli("--slo", "0.5", "--out", str(tmp_path / "c.json"))
+    err = capsys.readouterr().err
+    assert code == 1 and "the server exited with 3 before it was ready:\nno model here" in err
+    assert not (tmp_path / "c.json").exists()

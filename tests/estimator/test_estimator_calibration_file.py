@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import stat
@@ -28,18 +27,19 @@ from estimator.fit import LengthFit, LinearFit
 from estimator.layouts import LayoutTrial
 from estimator.pipeline import CalibrationOptions, calibrate_pools
 from estimator.plot import plot_calibration
+from estimator.profile import ProfileOptions
 from estimator.recheck import SpeedCheck
 from estimator.report import format_report
 from estimator.rounds import LevelSample
-from estimator.simulated import ServiceTime, SimulatedPool, constant_query
-from estimator.stress import FineTuneResult, FineTuneTrial, StressResult
+from estimator.simulated import ServiceTime, SimulatedPool, constant_query, run_virtual
+from estimator.stress import StressResult
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def _sample(c: int, p95: float, tokens: int = 75, failures: int = 0) -> LevelSample:
-    worst = p95 if math.isinf(p95) else p95 * 1.02
-    return LevelSample(c, tokens, 3, p95, worst, failures, "HTTP 429" if failures else None)
+def _sample(c: int, p99: float, tokens: int = 75, failures: int = 0) -> LevelSample:
+    worst = p99 if math.isinf(p99) else p99 * 1.02
+    return LevelSample(c, tokens, 3, p99, worst, failures, "HTTP 429" if failures else None)
 
 
 def make_calibration() -> Calibration:
@@ -47,13 +47,13 @@ def make_calibration() -> Calibration:
     samples = (
         _sample(1, 0.03), _sample(2, 0.05), _sample(4, 0.09), _sample(8, 0.17), _sample(16, math.inf, failures=4)
     )
-    stress = StressResult(8, (0.5, 1.0), (0, 8), 12.5, (_sample(8, 0.17), _sample(16, 1.2)), "p95 1.2 s > SLO 1 s")
+    stress = StressResult(8, (0.5, 1.0), (0, 8), 12.5, (_sample(8, 0.17), _sample(16, 1.2)), "p99 1.2 s > SLO 1 s")
     pool = PoolCalibration(
         samples=samples,
         fit=LinearFit(0.02, 0.01, 0.998, 4),
         profile_seconds=3.25,
-        depths=(SloDepth(0.5, 24, "floor(...)", 1800, 0, 25), SloDepth(1.0, 49, "floor(...)", 3700, 8, None)),
-        profile_stop="p95 inf s > SLO 1 s at C=16",
+        depths=(SloDepth(0.5, 24, "floor(...)", 1800, 0), SloDepth(1.0, 49, "floor(...)", 3700, 8)),
+        profile_stop="p99 inf s > SLO 1 s at C=16",
         length_fit=LengthFit(2e-4, 1e-3, 0.01, 0.99, 9, 16, 256),
         length_samples=(_sample(1, 0.01, tokens=16), _sample(2, 0.015, tokens=16)),
         length_seconds=4.0,
@@ -66,8 +66,6 @@ def make_calibration() -> Calibration:
         profile_seconds=1.0,
         depths=(SloDepth(0.5, 246, "floor(...)"), SloDepth(1.0, 256, "capped at 256", capped=True)),
     )
-    tuned = FineTuneResult(0.5, {"accelerator": 246, "cpu": 24}, {"accelerator": 240, "cpu": 25}, 7.5, True,
-                           (FineTuneTrial({"accelerator": 246, "cpu": 24}, {"accelerator": 0.51, "cpu": math.inf}),))
     layout = LayoutRecord("per-node", (LayoutTrial("per-node", 49, 3.0), LayoutTrial("tp", None, 0.2, "OSError: no")),
                           {"cpu_layout": "per-node"})
     return Calibration(
@@ -76,9 +74,7 @@ def make_calibration() -> Calibration:
         slos=(0.5, 1.0),
         query_tokens=75,
         rounds=3,
-        scout_rounds=1,
         pools={"accelerator": accel, "cpu": pool},
-        fine_tune=(tuned,),
         cpu_layout=layout,
     )
 
@@ -88,24 +84,27 @@ def test_round_trip_keeps_everything(tmp_path: Path) -> None:
     path = save_calibration(calibration, tmp_path / "calibration.json")
     assert load_calibration(path) == calibration
     raw = json.loads(path.read_text())  # strict JSON: infinity is spelled as a string
-    assert raw["pools"]["cpu"]["samples"][-1]["p95"] == "Infinity"
+    assert raw["pools"]["cpu"]["samples"][-1]["p99"] == "Infinity"
     assert raw["model"] == {"name": "sentence-transformers/all-MiniLM-L6-v2", "revision": "c9332c31b66c62f2"}
-    assert raw["schema_version"] == 1 and raw["hardware_fingerprint"] == "64255b212567a468"
+    assert raw["schema_version"] == 2 and raw["hardware_fingerprint"] == "64255b212567a468"
+    assert raw["pools"]["cpu"]["recheck"] == {"concurrency": 8, "profile_p99": 0.17, "recheck_p99": 0.21}
     assert [p.name for p in tmp_path.iterdir()] == ["calibration.json"]  # no temporary file left
     assert stat.S_IMODE(path.stat().st_mode) == 0o644
-    raw.pop("scout_rounds")  # a file written before levels were scouted still loads
-    assert from_dict(raw, "old.json").scout_rounds is None
 
 
-def test_depth_for_prefers_the_fine_tuned_depth_and_names_what_exists() -> None:
+def test_a_file_of_the_p95_schema_is_refused_with_a_message_that_says_why() -> None:
+    old = to_dict(make_calibration()) | {"schema_version": 1}
+    with pytest.raises(CalibrationError, match=r"old\.json: schema_version is 1 \(an older windve's, whose depths "
+                                               r"aim at the p95 tail; this one aims at the p99\), this windve reads 2: "
+                                               r"re-run `windve calibrate`"):
+        from_dict(old, "old.json")
+
+
+def test_each_pool_and_slo_has_its_entry_and_unknown_ones_are_named() -> None:
     calibration = make_calibration()
-    assert calibration.depth_for("cpu", 0.5) == 25  # fine-tuned
-    assert calibration.depth_for("cpu", 1.0) == 49  # estimate
-    assert calibration.depths(0.5) == {"accelerator": 246, "cpu": 25}
-    with pytest.raises(KeyError, match="pools: accelerator, cpu"):
-        calibration.depth_for("gpu", 0.5)
+    assert calibration.pools["cpu"].at(0.5).estimate == 24 and calibration.pools["cpu"].at(1.0).estimate == 49
     with pytest.raises(KeyError, match="calibrated: 0.5, 1"):
-        calibration.depth_for("cpu", 2.0)
+        calibration.pools["cpu"].at(2.0)
 
 
 def _broken(mutate) -> dict:
@@ -126,15 +125,15 @@ def _broken(mutate) -> dict:
             lambda d: d["pools"]["cpu"]["fit"].update(beta="fast"),
             r"pools\.cpu\.fit\.beta: Input should be a valid number",
         ),
-        (lambda d: d.update(schema_version=2), r"schema_version is 2, this windve reads 1: re-run `windve calibrate`"),
+        (lambda d: d.update(schema_version=3), r"schema_version is 3, this windve reads 2: re-run `windve calibrate`"),
         (lambda d: d.update(slos=[0.5, 1.0, 2.0]), r"pools\.cpu\.depths: no entry for SLO 2"),
         (lambda d: d.update(slos=[]), r"slos must be a non-empty list"),
         (lambda d: d["pools"]["cpu"]["depths"][0].update(estimate=-3), r"depths\[slo=0\.5\]\.estimate must be >= 0"),
-        (lambda d: d["pools"]["cpu"]["samples"][0].update(p95=0.5), r"samples\[0\]: need 0 <= p95 <= max"),
+        (lambda d: d["pools"]["cpu"]["samples"][0].update(p99=0.5), r"samples\[0\]: need 0 <= p99 <= max"),
+        (lambda d: d["pools"]["cpu"]["samples"][0].pop("p99"), r"samples\.0\.p99: Field required"),
         (lambda d: d.update(created="yesterday"), r"created must be an ISO 8601 time"),
         (lambda d: d.update(pools={}), r"pools is empty"),
         (lambda d: d.pop("model"), r"model: Field required"),
-        (lambda d: d.update(scout_rounds=0), r"scout_rounds must be >= 1"),
     ],
 )
 def test_validation_says_what_is_wrong(mutate, message: str) -> None:
@@ -146,7 +145,7 @@ def test_loading_reports_unreadable_files(tmp_path: Path) -> None:
     with pytest.raises(CalibrationError, match="No such file"):
         load_calibration(tmp_path / "missing.json")
     bad = tmp_path / "bad.json"
-    bad.write_text('{"schema_version": 1,\n "pools": }')
+    bad.write_text('{"schema_version": 2,\n "pools": }')
     with pytest.raises(CalibrationError, match="is not JSON: .* line 2 column 11"):
         load_calibration(bad)
     bad.write_text("[1, 2]")
@@ -181,11 +180,13 @@ def test_report_is_a_table_iii_like_summary() -> None:
     text = format_report(make_calibration())
     lines = text.splitlines()
     header = next(line for line in lines if line.startswith("SLO (s)"))
-    assert "estimate" in header and "stress test (step 8)" in header and "fine-tuned" in header
+    assert header.split() == ["SLO", "(s)", "pool", "estimate", "time", "(s)", "stress", "test", "(step", "8)",
+                              "time", "(s)"]
+    assert lines[0].startswith("Queue depths (p99 of queries of 75 tokens, 3 rounds per level)")
     row = next(line for line in lines if line.split()[:2] == ["0.5", "cpu"])
-    assert row.split() == ["0.5", "cpu", "24", "3.2", "unusable", "12.5", "25", "7.5"]
+    assert row.split() == ["0.5", "cpu", "24", "3.2", "unusable", "12.5"]
     row = next(line for line in lines if line.split()[:2] == ["1", "accelerator"])
-    assert row.split() == ["1", "accelerator", "256", "1.0", "-", "-", "-", "-"]
+    assert row.split() == ["1", "accelerator", "256", "1.0", "-", "-"]
     assert "cpu: t = 0.02*C + 0.01" in text and "token budget: 1800 tokens at 0.5 s" in text
     assert "CPU layout: chose per-node" in text and "tp: error" in text
     assert "cpu recheck: C=8 took 1.24x its profile tail" in text and "--headroom 0.2" in text
@@ -194,9 +195,9 @@ def test_report_is_a_table_iii_like_summary() -> None:
 
 
 def test_pipeline_calibrates_simulated_pools_into_a_valid_file(tmp_path: Path) -> None:
-    # Four times the time scale this test first had (0.1 s, 0.05 s): there one delay of the shared
-    # machine once hid the per-token cost from the length fit, and no token budget came out.
-    options = CalibrationOptions(slos=(0.4, 0.2), rounds=2, stress_step=8, fine_tune=True, lengths=(16, 75, 200))
+    options = CalibrationOptions(
+        slos=(0.4, 0.2), profile=ProfileOptions(rounds=2), stress_step=8, lengths=(16, 75, 200)
+    )
 
     async def body() -> Calibration:
         fast = SimulatedPool(ServiceTime(per_batch=0.004, per_query=0.002, per_token=4e-5, max_batch_size=16))
@@ -210,26 +211,24 @@ def test_pipeline_calibrates_simulated_pools_into_a_valid_file(tmp_path: Path) -
             await fast.close()
             await slow.close()
 
-    calibration = asyncio.run(body())
+    calibration = run_virtual(body())
     path = save_calibration(calibration, tmp_path / "c.json")
     loaded = load_calibration(path)
-    assert loaded == calibration and loaded.scout_rounds == 2
+    assert loaded == calibration and (loaded.rounds, loaded.query_tokens) == (2, 75)
     for name, pool in loaded.pools.items():
-        assert pool.fit.r2 > 0.8, name  # fit quality is tested in test_estimator_algorithms
+        assert pool.fit.r2 > 0.95, name
         assert pool.length_fit is not None and {s.tokens for s in pool.length_samples} == {16, 200}
-        # The length-aware fit needs every level in full: nothing is scouted.
         assert {s.rounds for s in pool.samples + pool.length_samples} == {2}
         assert pool.stress is not None and pool.stress.step == 8
         for slo in options.slos:
             entry = pool.at(slo)
-            assert entry.estimate and entry.token_budget and entry.fine_tuned is not None
-    assert loaded.depth_for("accelerator", 0.4) > loaded.depth_for("cpu", 0.4)
-    assert [result.slo for result in loaded.fine_tune] == [0.4, 0.2]
+            assert entry.estimate and entry.token_budget and entry.stress_test
+    assert loaded.pools["accelerator"].at(0.4).estimate > loaded.pools["cpu"].at(0.4).estimate
     _read_png(plot_calibration(loaded, tmp_path / "c.png"))
 
 
 def test_a_pool_that_meets_the_slo_at_the_cap_is_recorded_and_reported_as_capped(tmp_path: Path) -> None:
-    options = CalibrationOptions(slos=(1.0,), rounds=2, scout_rounds=1, max_concurrency=12)
+    options = CalibrationOptions(slos=(1.0,), profile=ProfileOptions(rounds=2, max_concurrency=12))
 
     async def body() -> Calibration:
         pool = SimulatedPool(ServiceTime(per_batch=0.001, per_query=0.0005))
@@ -241,7 +240,7 @@ def test_a_pool_that_meets_the_slo_at_the_cap_is_recorded_and_reported_as_capped
         finally:
             await pool.close()
 
-    loaded = load_calibration(save_calibration(asyncio.run(body()), tmp_path / "c.json"))
+    loaded = load_calibration(save_calibration(run_virtual(body()), tmp_path / "c.json"))
     entry = loaded.pools["accelerator"].at(1.0)
     assert entry.estimate == 12 and entry.capped
     assert "accelerator at 1 s: the formula exceeds the cap" in format_report(loaded)

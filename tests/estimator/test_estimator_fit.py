@@ -14,7 +14,6 @@ from estimator.fit import (
     LengthFit,
     LinearFit,
     decide_depth,
-    depth_for_length,
     depth_for_slo,
     fit_length_aware,
     fit_linear,
@@ -99,12 +98,6 @@ def test_fit_is_the_constrained_least_squares_solution(slope: float, intercept: 
 def test_fit_rejects_unfittable_samples(concurrency, latency, message) -> None:
     with pytest.raises(ValueError, match=message):
         fit_linear(concurrency, latency)
-
-
-@pytest.mark.parametrize("weights", [[1.0], [1.0, 0.0], [1.0, -2.0], [1.0, math.nan]])
-def test_fit_rejects_weights_that_are_not_one_positive_number_per_sample(weights) -> None:
-    with pytest.raises(ValueError, match="weights must"):
-        fit_linear([1, 2], [0.1, 0.2], weights=weights)
 
 
 def _fit(alpha: float, beta: float) -> LinearFit:
@@ -238,7 +231,7 @@ def test_token_budget_admits_as_many_queries_of_one_length_as_the_query_depth() 
     fit = _length_fit()
     budget = token_budget_for_slo(fit, 0.5)
     for length in (16, 75, 256):
-        assert budget // (length + fit.per_query_tokens) == depth_for_length(fit, 0.5, length)
+        assert budget // (length + fit.per_query_tokens) == depth_for_slo(fit.at_length(length), 0.5)
 
 
 def test_token_budget_is_none_when_one_short_query_misses_or_length_does_not_matter() -> None:

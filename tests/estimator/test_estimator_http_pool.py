@@ -50,7 +50,7 @@ def test_submitter_posts_texts_and_turns_429_into_a_miss(sim_server_factory, tok
             info = await server_info(clients, server.url)
             submit = http_submitter(clients, server.url, texts.text_of)
             await submit([texts.make_query(10)])  # answered: no exception
-            outcomes = await run_round([(submit, [texts.make_query(10)]) for _ in range(5)])
+            outcomes = await run_round(submit, [texts.make_query(10) for _ in range(5)])
             missing = await server_info(clients, server.url + "/nowhere")
             return info, outcomes, missing
 
@@ -60,7 +60,6 @@ def test_submitter_posts_texts_and_turns_429_into_a_miss(sim_server_factory, tok
     refused = [error for _, error in outcomes if error is not None]
     assert len(refused) == 2 and all("ServerRefused: HTTP 429" in error for error in refused)
     assert sum(1 for latency, error in outcomes if error is None and latency > 0) == 3
-
 
 
 def test_each_request_in_flight_has_its_own_client_and_rounds_reuse_them(
@@ -73,7 +72,7 @@ def test_each_request_in_flight_has_its_own_client_and_rounds_reuse_them(
         async with ClientPerRequest() as clients:
             submit = http_submitter(clients, server.url, texts.text_of)
             for _ in range(3):
-                outcomes = await run_round([(submit, [texts.make_query(10)]) for _ in range(8)])
+                outcomes = await run_round(submit, [texts.make_query(10) for _ in range(8)])
                 assert all(error is None for _, error in outcomes), outcomes
             return clients.created
 

@@ -2,24 +2,24 @@
 
 from __future__ import annotations
 
-import asyncio
 import math
 
 import pytest
 
 from estimator.calibration import Calibration
 from estimator.pipeline import CalibrationOptions, calibrate_pools
+from estimator.profile import ProfileOptions
 from estimator.recheck import SpeedCheck, crossing_check, reference_level
 from estimator.report import format_report
 from estimator.rounds import LevelSample, Progress
-from estimator.simulated import ServiceTime, SimulatedPool, constant_query
+from estimator.simulated import ServiceTime, SimulatedPool, constant_query, run_virtual
 
 FAST = ServiceTime(per_batch=0.001, per_query=0.002, max_batch_size=8)
 SLOWER = ServiceTime(per_batch=0.0013, per_query=0.0026, max_batch_size=8)  # 30% slower, like this machine's slow state
 
 
-def _level(concurrency: int, p95: float) -> LevelSample:
-    return LevelSample(concurrency, 75, 3, p95, p95)
+def _level(concurrency: int, p99: float) -> LevelSample:
+    return LevelSample(concurrency, 75, 3, p99, p99)
 
 
 @pytest.mark.parametrize(("again", "steady"), [(0.2, True), (0.215, True), (0.185, True), (0.25, False), (0.17, False)])
@@ -30,21 +30,15 @@ def test_a_level_within_ten_percent_of_its_profile_tail_counts_as_the_same_speed
     assert ("--headroom 0.2" in check.describe()) is not steady
 
 
-def test_the_reference_is_the_deepest_answered_level_measured_in_full() -> None:
-    scout = LevelSample(128, 75, 1, 0.7, 0.7)
-    samples = [_level(1, 0.02), _level(32, 0.3), scout, _level(64, 0.55), _level(96, math.inf)]
-    assert reference_level(samples).concurrency == 64  # not the scout, not the level that failed
-    assert reference_level([scout]).concurrency == 128  # only scouts: the deepest of them
+def test_the_reference_is_the_settled_crossing_else_the_deepest_answered_level() -> None:
+    samples = [_level(1, 0.02), _level(32, 0.3), _level(64, 0.55), _level(96, math.inf), _level(48, 0.45)]
+    assert reference_level(samples, settled=48) is samples[-1]
+    assert reference_level(samples).concurrency == 64  # not the level that failed
     assert reference_level([_level(8, math.inf)]) is None
-    # A shallow settled crossing measured with fewer rounds is the reference, not C = 1 in full.
-    shallow = [_level(1, 0.02), LevelSample(4, 75, 1, 0.03, 0.03), LevelSample(64, 75, 1, 0.6, 0.6),
-               LevelSample(53, 75, 2, 0.5, 0.5)]
-    assert reference_level(shallow, settled=53) is shallow[-1]
-    assert reference_level(shallow).concurrency == 1
 
 
 def _calibrate(slow_down_at_stress: bool) -> Calibration:
-    options = CalibrationOptions(slos=(0.15,), rounds=3, stress_step=16, recheck=True)
+    options = CalibrationOptions(slos=(0.15,), profile=ProfileOptions(rounds=3), stress_step=16, recheck=True)
 
     async def body() -> Calibration:
         pool = SimulatedPool(FAST)
@@ -61,22 +55,20 @@ def _calibrate(slow_down_at_stress: bool) -> Calibration:
         finally:
             await pool.close()
 
-    return asyncio.run(body())
+    return run_virtual(body())
 
 
 def test_recheck_of_a_steady_pool_finds_the_same_speed() -> None:
     pool = _calibrate(slow_down_at_stress=False).pools["cpu"]
-    assert pool.recheck is not None and pool.recheck.steady, pool.recheck
-    # The level aimed at the crossing, measured in full in the profile and again (or the settled
-    # crossing, when it is the deeper of the two).
-    measured = [s.concurrency for s in pool.samples if s.rounds == 3] + [pool.settled]
-    assert pool.recheck.concurrency == max(c for c in measured if c is not None)
+    # The settled crossing measured again, with the same tail to the last bit: the same virtual speed.
+    assert pool.recheck == SpeedCheck(pool.settled, pool.samples[-1].p99, pool.samples[-1].p99), pool.recheck
+    assert pool.recheck.steady
 
 
 def test_recheck_finds_a_pool_that_slowed_after_its_profile() -> None:
     check = _calibrate(slow_down_at_stress=True).pools["cpu"].recheck
     assert check is not None and not check.steady, check
-    assert check.ratio == pytest.approx(1.3, abs=0.1)
+    assert check.ratio == pytest.approx(1.3, rel=1e-9)
 
 
 def test_no_recheck_unless_asked() -> None:
@@ -84,13 +76,13 @@ def test_no_recheck_unless_asked() -> None:
         pool = SimulatedPool(FAST)
         try:
             return await calibrate_pools(
-                {"cpu": pool.submit}, constant_query, CalibrationOptions(slos=(0.15,), rounds=2),
+                {"cpu": pool.submit}, constant_query, CalibrationOptions(slos=(0.15,)),
                 model_name="sim", model_revision="r1", hardware_fingerprint="hw1",
             )
         finally:
             await pool.close()
 
-    assert asyncio.run(body()).pools["cpu"].recheck is None
+    assert run_virtual(body()).pools["cpu"].recheck is None
 
 
 @pytest.mark.parametrize(("again", "warned"), [(0.26, True), (0.205, False)])
@@ -113,24 +105,20 @@ def test_serve_warns_when_its_calibration_saw_the_machine_change_speed(again: fl
     assert ("1.30x its profile tail" in caplog.text) is warned
 
 
-# Batches of two keep the tail's steps small (~3 % of the SLO), so the settled level lands on it;
-# batches of 20 ms keep a loaded CI machine's scheduling delays small beside them.
+# Batches of two keep the tail's steps small (~3 % of the SLO), so the settled level lands on it.
 FINE = ServiceTime(per_batch=0.004, per_query=0.008, max_batch_size=2)
 FINE_SLOWER = ServiceTime(per_batch=0.0052, per_query=0.0104, max_batch_size=2)
 FINE_SLO = 0.6
 
 
-@pytest.mark.parametrize(("p95", "steady"), [(0.15, True), (0.162, True), (0.138, True), (0.17, False), (0.13, False)])
-def test_a_settled_crossing_within_ten_percent_of_the_slo_counts_as_steady(p95: float, steady: bool) -> None:
-    samples = [_level(1, 0.01), _level(64, 0.2), LevelSample(48, 75, 1, p95 * 2, p95 * 2), _level(48, p95)]
+@pytest.mark.parametrize(("p99", "steady"), [(0.15, True), (0.162, True), (0.138, True), (0.17, False), (0.13, False)])
+def test_a_settled_crossing_within_ten_percent_of_the_slo_counts_as_steady(p99: float, steady: bool) -> None:
+    samples = [_level(1, 0.01), _level(64, 0.2), _level(48, p99)]
     check = crossing_check(samples, 48, 0.15)
-    assert check is not None and check.p95 == p95  # the level in full, not the scout of it
-    assert check.steady is steady and check.ratio == pytest.approx(p95 / 0.15)
+    assert check is not None and check.p99 == p99
+    assert check.steady is steady and check.ratio == pytest.approx(p99 / 0.15)
     assert ("--headroom 0.2" in check.describe()) and "C=48" in check.describe()
     assert crossing_check(samples, None, 0.15) is None
-    # Settled with fewer rounds than the profile's full ones (a shallow crossing): still that level.
-    fewer = [_level(1, 0.01), LevelSample(64, 75, 1, 0.2, 0.2), LevelSample(48, 75, 2, p95, p95)]
-    assert crossing_check(fewer, 48, 0.15).p95 == p95
 
 
 def _calibrate_settled(slow_from_first_miss: bool) -> Calibration:
@@ -145,13 +133,14 @@ def _calibrate_settled(slow_from_first_miss: bool) -> Calibration:
 
         try:
             return await calibrate_pools(
-                {"cpu": pool.submit}, constant_query, CalibrationOptions(slos=(FINE_SLO,), rounds=3, scout_aims=True),
+                {"cpu": pool.submit}, constant_query,
+                CalibrationOptions(slos=(FINE_SLO,), profile=ProfileOptions(rounds=3)),
                 model_name="sim", model_revision="r1", hardware_fingerprint="hw1", progress=progress,
             )
         finally:
             await pool.close()
 
-    return asyncio.run(body())
+    return run_virtual(body())
 
 
 def test_the_settled_crossing_of_a_steady_pool_lands_on_the_slo() -> None:
@@ -171,16 +160,16 @@ def test_a_pool_that_slowed_during_its_profile_is_told_by_its_settled_crossing()
     assert f"cpu: the fitted crossing C={check.concurrency} took" in format_report(calibration)
 
 
-@pytest.mark.parametrize(("settled_p95", "warned"), [(0.39, True), (0.3, False)])
+@pytest.mark.parametrize(("settled_p99", "warned"), [(0.39, True), (0.3, False)])
 def test_serve_warns_when_its_calibration_settled_the_crossing_far_from_the_slo(
-    settled_p95: float, warned: bool, caplog
+    settled_p99: float, warned: bool, caplog
 ) -> None:
     from estimator.calibration import ModelIdentity, PoolCalibration, SloDepth
     from estimator.fit import LinearFit
     from windve.depths import depth_from_calibration
 
     pool = PoolCalibration(
-        samples=(_level(1, 0.01), _level(64, 0.4), _level(48, settled_p95)),
+        samples=(_level(1, 0.01), _level(64, 0.4), _level(48, settled_p99)),
         fit=LinearFit(0.006, 0.005, 0.99, 3),
         profile_seconds=1.0,
         depths=(SloDepth(0.3, 42, "floor(...)"),),

@@ -1,0 +1,86 @@
+"""A server run as a subprocess for as long as it is profiled.
+
+`local_server` starts a command on a free 127.0.0.1 port, waits until GET /health answers 200, yields
+its base URL, and stops it with SIGTERM (SIGKILL if it does not exit within `stop_timeout`). What the
+server prints goes to a temporary file, shown in the error when it exits before it is ready.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+import subprocess
+import tempfile
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import IO
+
+import httpx
+
+START_TIMEOUT = 300.0  # loading a large model, or compiling for an accelerator, takes minutes
+POLL_SECONDS = 0.1
+
+
+class ServerStartError(RuntimeError):
+    """The server exited, or did not answer /health in time; the message ends with its output."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listened on a moment ago."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _output(log: IO[bytes], limit: int = 4000) -> str:
+    log.seek(0)
+    return log.read().decode(errors="replace")[-limit:]
+
+
+async def _wait_healthy(url: str, process: subprocess.Popen, log: IO[bytes], timeout: float) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    async with httpx.AsyncClient(timeout=2.0) as client:
+        while loop.time() < deadline:
+            if process.poll() is not None:
+                raise ServerStartError(
+                    f"the server exited with {process.returncode} before it was ready:\n{_output(log)}"
+                )
+            try:
+                if (await client.get(url + "/health")).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass  # not listening yet
+            await asyncio.sleep(POLL_SECONDS)  # the interval of polling a real condition, bounded by the deadline
+    raise ServerStartError(f"the server did not answer {url}/health within {timeout:g} s:\n{_output(log)}")
+
+
+async def _stop(process: subprocess.Popen, timeout: float) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+    try:
+        await asyncio.to_thread(process.wait, timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        await asyncio.to_thread(process.wait)
+
+
+@asynccontextmanager
+async def local_server(
+    command: Callable[[int], Sequence[str]],
+    env: Mapping[str, str],
+    *,
+    start_timeout: float = START_TIMEOUT,
+    stop_timeout: float = 60.0,
+) -> AsyncIterator[str]:
+    """Run `command(port)` with `env` until the block ends; yields "http://127.0.0.1:PORT" once healthy."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with tempfile.TemporaryFile() as log:
+        process = subprocess.Popen(list(command(port)), env=dict(env), stdout=log, stderr=subprocess.STDOUT)
+        try:
+            await _wait_healthy(url, process, log, start_timeout)
+            yield url
+        finally:
+            await _stop(process, stop_timeout)
