@@ -59,7 +59,6 @@ class Runtime:
         self.started_at = time.time()
         self.ready = False
         self._watchdog: asyncio.Task | None = None
-        self._usage = None  # windve.engine_process.usage.EngineUsageCollector once started
 
     # ---- construction ----------------------------------------------------------------
 
@@ -104,12 +103,9 @@ class Runtime:
             await self.close()
             raise
         self._watchdog = asyncio.create_task(self._watch_heartbeats(), name="engine-watchdog")
-        from prometheus_client import REGISTRY
+        from windve.engine_process.usage import watch_engines
 
-        from windve.engine_process.usage import EngineUsageCollector
-
-        self._usage = EngineUsageCollector(self._engine_processes)
-        REGISTRY.register(self._usage)
+        watch_engines(self, self._engine_processes)
         self.ready = True
 
     def _engine_processes(self) -> list[tuple[str, int, int]]:
@@ -211,11 +207,9 @@ class Runtime:
         self.ready = False
         if self._watchdog is not None:
             self._watchdog.cancel()
-        if self._usage is not None:
-            from prometheus_client import REGISTRY
+        from windve.engine_process.usage import forget_engines
 
-            REGISTRY.unregister(self._usage)
-            self._usage = None
+        forget_engines(self)
         if self.watcher is not None:
             await self.watcher.stop()
         if self.queue_manager is not None:

@@ -15,7 +15,7 @@ import pytest
 from tests.servers import ServerProcess, start_server
 
 QUEUE_DEPTH = 2
-LOADTEST_SERVER_ARGS = ("--cache-size", "0", "--cpu-depth", str(QUEUE_DEPTH))
+LOADTEST_SERVER_ARGS = ("--cache-size", "0", "--cpu-depth", str(QUEUE_DEPTH), "--depth-control", "static")
 
 
 @pytest.fixture(scope="session")

@@ -5,10 +5,13 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable
 
+from prometheus_client import REGISTRY
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 _TICKS = os.sysconf("SC_CLK_TCK")
+
+EngineProcesses = Callable[[], Iterable[tuple[str, int, int]]]  # () -> (engine name, rank, pid)
 
 
 def process_usage(pid: int) -> tuple[int, float] | None:
@@ -27,10 +30,12 @@ def process_usage(pid: int) -> tuple[int, float] | None:
 class EngineUsageCollector:
     """windve_engine_rss_bytes and windve_engine_cpu_seconds_total per engine (instance name) and rank.
 
-    The label is `engine`, not `instance`: Prometheus keeps `instance` for the scraped target."""
+    One collector per process, over every runtime that registered its engines (calibration runs
+    several at once). The label is `engine`, not `instance`: Prometheus keeps `instance` for the
+    scraped target."""
 
-    def __init__(self, processes: Callable[[], Iterable[tuple[str, int, int]]]) -> None:
-        self._processes = processes  # () -> (instance name, rank, pid) of running engine processes
+    def __init__(self) -> None:
+        self.sources: dict[int, EngineProcesses] = {}
 
     def collect(self):
         rss = GaugeMetricFamily(
@@ -39,10 +44,28 @@ class EngineUsageCollector:
         cpu = CounterMetricFamily(
             "windve_engine_cpu_seconds", "CPU time of an engine process", labels=["engine", "rank"]
         )
-        for name, rank, pid in self._processes():
-            usage = process_usage(pid)
-            if usage is not None:
-                rss.add_metric([name, str(rank)], usage[0])
-                cpu.add_metric([name, str(rank)], usage[1])
+        for source in list(self.sources.values()):
+            for name, rank, pid in source():
+                usage = process_usage(pid)
+                if usage is not None:
+                    rss.add_metric([name, str(rank)], usage[0])
+                    cpu.add_metric([name, str(rank)], usage[1])
         yield rss
         yield cpu
+
+
+_COLLECTOR: EngineUsageCollector | None = None
+
+
+def watch_engines(owner: object, processes: EngineProcesses) -> None:
+    """Export `processes`' usage until `forget_engines(owner)`."""
+    global _COLLECTOR
+    if _COLLECTOR is None:
+        _COLLECTOR = EngineUsageCollector()
+        REGISTRY.register(_COLLECTOR)
+    _COLLECTOR.sources[id(owner)] = processes
+
+
+def forget_engines(owner: object) -> None:
+    if _COLLECTOR is not None:
+        _COLLECTOR.sources.pop(id(owner), None)
