@@ -93,6 +93,7 @@ class CpuWorkerInstance:
         self.batch_timeout = batch_timeout
         self.heartbeat_timeout = heartbeat_timeout
         self._boards: list[HeartbeatBoard] = []
+        self._killed_for: str | None = None  # why the heartbeat watch killed the group, if it did
         self._layout: GroupLayout | None = None
         if world > 1:
             shapes = read_bert_shapes(spec.path)
@@ -192,6 +193,7 @@ class CpuWorkerInstance:
                 self._segment.unlink()  # every rank has it mapped; nothing can leak it now
             self.dim = int(self._ranks[0]["dim"])
             self._failure = None
+            self._killed_for = None
             self._roundtrip([WARMUP, WARMUP[:5]])
         except BaseException:
             self._stop_now(graceful=False)
@@ -294,9 +296,9 @@ class CpuWorkerInstance:
                         return process.rank, process.conn.recv_bytes()
                     except (EOFError, OSError):
                         pass
-                raise self._fail(
-                    f"rank {process.rank} (pid {process.pid}) {process.describe_exit()} while {doing}"
-                )
+                # Killed for a missed heartbeat (by the watchdog's thread): say that, not the signal.
+                exited = f"rank {process.rank} (pid {process.pid}) {process.describe_exit()} while {doing}"
+                raise self._fail(self._killed_for or exited)
 
     @property
     def failure(self) -> str | None:
@@ -327,7 +329,8 @@ class CpuWorkerInstance:
     def _check_heartbeats(self, doing: str) -> None:
         silent = self.silent_for()
         if silent > self.heartbeat_timeout:
-            raise self._fail(f"no heartbeat for {silent:.1f} s while {doing} (stopped or stuck)")
+            self._killed_for = f"no heartbeat for {silent:.1f} s while {doing} (stopped or stuck)"
+            raise self._fail(self._killed_for)
 
     def processes(self) -> list[tuple[int, int]]:
         """(rank, pid) of every running engine process, for per-process metrics."""
