@@ -21,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per profiling request drowns the report
     args = build_parser().parse_args(argv)
     module = importlib.import_module(f"windve.commands.{args.command}")
     return int(module.run(args) or 0)
