@@ -137,8 +137,9 @@ class QueueManager:
             task.cancel()
         for pool in self.pools:
             for slot in pool.instances:
-                if slot.task:
-                    slot.task.cancel()
+                for task in [slot.task, *slot.batch_tasks]:
+                    if task is not None:
+                        task.cancel()
         for request in self._backlog.clear():
             request.fail(QueryFailed("the service is shutting down"))
         for pool in self.pools:
@@ -445,47 +446,63 @@ class QueueManager:
         return batch
 
     async def _batcher(self, slot: InstanceSlot) -> None:
+        """Hand the slot's queue to its instance in batches, up to `slot.pipeline` at once."""
         pool_metrics = slot.pool.metrics
         generation = slot.generation
         while True:
-            if not slot.queue:
+            if not slot.queue or len(slot.running) >= slot.pipeline:
                 slot.wakeup.clear()
                 await slot.wakeup.wait()
                 continue
             batch = self._take_batch(slot)
-            slot.in_batch = len(batch)
-            slot.running = batch
+            slot.in_batch += len(batch)
+            slot.running.append(batch)
             if slot.pool.token_budget is not None:
                 slot.pool.note_padding(batch)
-            started = self._now()
+            sent = self._now()
             for query in batch:
-                pool_metrics.queue_time.observe(started - query.enqueued)
+                pool_metrics.queue_time.observe(sent - query.enqueued)
             pool_metrics.batch_tokens.observe(len(batch) * max(query.tokens for query in batch))
-            try:
-                vectors = await slot.instance.embed([query.ids for query in batch])
-                if len(vectors) != len(batch):
-                    raise QueryFailed(f"instance {slot.name} returned {len(vectors)} vectors for {len(batch)} queries")
-            except asyncio.CancelledError:
-                if slot.generation != generation:
-                    return  # declared down: instance_down moved the batch already
-                slot.in_batch, slot.running = 0, []
-                self._fail_batch(batch, QueryFailed("the service is shutting down"))
-                raise
-            except Exception as error:  # noqa: BLE001 - any instance error triggers failover
-                if slot.generation != generation:
-                    return
-                slot.in_batch, slot.running = 0, []
-                self._on_instance_failure(slot, batch, error)
-                return  # the restart task starts a new batcher for this slot
+            task = asyncio.create_task(self._run_batch(slot, batch, generation, sent), name=f"batch-{slot.name}")
+            slot.batch_tasks.add(task)
+            task.add_done_callback(slot.batch_tasks.discard)
+
+    async def _run_batch(self, slot: InstanceSlot, batch: list[Query], generation: int, sent: float) -> None:
+        pool_metrics = slot.pool.metrics
+        try:
+            vectors = await slot.instance.embed([query.ids for query in batch])
+            if len(vectors) != len(batch):
+                raise QueryFailed(f"instance {slot.name} returned {len(vectors)} vectors for {len(batch)} queries")
+        except asyncio.CancelledError:
             if slot.generation != generation:
-                return  # answers of an instance declared down: its queries were moved and run elsewhere
-            elapsed = self._now() - started
-            slot.in_batch, slot.running = 0, []
-            slot.batches += 1
-            slot.note_batch(len(batch), elapsed)
-            pool_metrics.inference_time.observe(elapsed)
-            pool_metrics.batch_size.observe(len(batch))
-            self._complete(batch, vectors)
+                return  # declared down: its queries were moved already
+            self._forget_batch(slot, batch)
+            self._fail_batch(batch, QueryFailed("the service is shutting down"))
+            raise
+        except Exception as error:  # noqa: BLE001 - any instance error triggers failover
+            if slot.generation != generation:
+                return  # an earlier batch's failure moved this one too
+            self._take_down(slot, error)
+            return  # the restart task starts a new batcher for this slot
+        if slot.generation != generation:
+            return  # answers of an instance declared down: its queries were moved and run elsewhere
+        answered = self._now()
+        # A pipelined batch waited in the engine's pipe for the one before: its own compute
+        # started when that one was answered.
+        elapsed = answered - max(sent, slot.last_answer)
+        slot.last_answer = answered
+        self._forget_batch(slot, batch)
+        slot.batches += 1
+        slot.note_batch(len(batch), elapsed)
+        pool_metrics.inference_time.observe(elapsed)
+        pool_metrics.batch_size.observe(len(batch))
+        self._complete(batch, vectors)
+        slot.wakeup.set()  # room in the pipeline: the batcher may send another
+
+    @staticmethod
+    def _forget_batch(slot: InstanceSlot, batch: list[Query]) -> None:
+        slot.running = [running for running in slot.running if running is not batch]
+        slot.in_batch -= len(batch)
 
     def _complete(self, batch: list[Query], vectors: np.ndarray) -> None:
         now = None
@@ -501,18 +518,33 @@ class QueueManager:
 
     # ---- failures --------------------------------------------------------------------
 
-    def _on_instance_failure(self, slot: InstanceSlot, batch: list[Query], error: Exception) -> None:
-        """Move the failed instance's queries to the pool's others. Only the queries of the failing
-        batch count an attempt: those still queued never ran there, so the failure says nothing of them."""
+    def _take_down(self, slot: InstanceSlot, error: Exception) -> None:
+        """The instance failed: stop its batcher and batches, move their queries, restart it."""
+        batches, slot.running, slot.in_batch = slot.running, [], 0
+        slot.generation += 1
+        tasks = [slot.task, *slot.batch_tasks] if slot.task is not None else list(slot.batch_tasks)
+        for task in tasks:
+            if task is not asyncio.current_task():
+                task.cancel()
+        computing = batches[0] if batches else []
+        waiting = [query for batch in batches[1:] for query in batch]
+        self._on_instance_failure(slot, computing, waiting, error)
+
+    def _on_instance_failure(
+        self, slot: InstanceSlot, computing: list[Query], waiting: list[Query], error: Exception
+    ) -> None:
+        """Move the failed instance's queries to the pool's others. Only the queries of the batch it
+        was computing count an attempt: the batches behind it and the queued queries never ran
+        there, so the failure says nothing of them."""
         slot.healthy = False
         slot.failures += 1
         log.error("instance %s failed (%s); moving its queries and restarting it", slot.name, error)
         queued = list(slot.queue)
         slot.queue.clear()
-        for query in batch:
+        for query in computing:
             if not query.done:
                 query.attempts += 1
-        for query in batch + queued:
+        for query in computing + waiting + queued:
             if query.done:
                 continue
             if query.request.future.done() or query.request.abandoned:  # no one waits for its answer
@@ -537,11 +569,7 @@ class QueueManager:
             raise KeyError(f"no instance {getattr(instance, 'name', instance)!r} in this queue manager")
         if not slot.healthy:
             return
-        batch, slot.running, slot.in_batch = slot.running, [], 0
-        slot.generation += 1
-        if slot.task is not None:
-            slot.task.cancel()
-        self._on_instance_failure(slot, batch, RuntimeError(reason))
+        self._take_down(slot, RuntimeError(reason))
 
     async def _restart(self, slot: InstanceSlot) -> None:
         slot.restarting = True

@@ -120,8 +120,12 @@ class InstanceSlot:
     instance: Instance
     pool: Pool
     queue: deque = field(default_factory=deque)
-    in_batch: int = 0
-    running: list = field(default_factory=list)  # the batch being embedded, for instance_down
+    in_batch: int = 0  # queries in running batches
+    # The batches handed to the instance and not yet answered, oldest (the one computing) first:
+    # up to the instance's `pipeline` of them, for instance_down and failover.
+    running: list = field(default_factory=list)
+    batch_tasks: set = field(default_factory=set)
+    last_answer: float = 0.0  # when the instance last answered: the next batch's compute starts there
     generation: int = 0  # bumped by instance_down: the batcher it replaced must let go quietly
     healthy: bool = False
     restarting: bool = False
@@ -139,6 +143,11 @@ class InstanceSlot:
     @property
     def load(self) -> int:
         return len(self.queue) + self.in_batch
+
+    @property
+    def pipeline(self) -> int:
+        """Batches the instance takes at once (protocol.Instance.pipeline; 1 when it says nothing)."""
+        return max(1, int(getattr(self.instance, "pipeline", 1)))
 
     def note_batch(self, queries: int, seconds: float) -> None:
         if seconds > 0:

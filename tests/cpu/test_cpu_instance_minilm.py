@@ -86,6 +86,22 @@ async def embed_until_in_flight(instance, sequences, rank: int):
     return task
 
 
+@pytest.mark.parametrize("group", ["g1", "g2"])
+def test_overlapping_batches_each_get_their_own_answers(group, request, minilm_engine, run_async):
+    # The queue manager hands the next batch over while one computes (instance.pipeline): the
+    # calls overlap in the pipes, and each must get its own vectors back. On g2 the big batch
+    # is also split into several requests, all in flight with the others.
+    instance = request.getfixturevalue(group)
+    assert instance.pipeline >= 2
+    batches = [token_batch(n, 30522, lengths=[length] * n, seed=10 + n) for n, length in ((16, 75), (3, 9), (7, 30))]
+
+    async def overlapping():
+        return await asyncio.gather(*(instance.embed(batch) for batch in batches))
+
+    for sequences, vectors in zip(batches, run_async(overlapping()), strict=True):
+        assert_close(vectors, reference_embeddings(minilm_engine, sequences), atol=1e-5)
+
+
 def test_killing_a_rank_fails_the_batch_then_restart_heals(g2, minilm_engine, run_async):
     big = token_batch(32, 30522, lengths=[200] * 32, seed=4)
 

@@ -95,3 +95,36 @@ def markers_of(vectors: np.ndarray) -> list[int]:
 
 def queries(markers) -> list[np.ndarray]:
     return [np.array([m]) for m in markers]
+
+
+class PipelinedInstance(ControlledInstance):
+    """Takes up to `pipeline` batches at once, answered oldest first as the test says."""
+
+    def __init__(self, name: str, pipeline: int = 2) -> None:
+        super().__init__(name)
+        self.pipeline = pipeline
+        self.waiting: list[tuple[list[np.ndarray], asyncio.Future]] = []  # oldest first
+        self.most_at_once = 0
+
+    async def embed(self, sequences):
+        self.calls += 1
+        pending = asyncio.get_running_loop().create_future()
+        self.waiting.append((list(sequences), pending))
+        self.most_at_once = max(self.most_at_once, len(self.waiting))
+        try:
+            return await pending
+        finally:
+            self.waiting = [(batch, future) for batch, future in self.waiting if future is not pending]
+
+    def batches(self) -> list[list[int]]:
+        return [[int(seq[0]) for seq in batch] for batch, _ in self.waiting]
+
+    def complete(self) -> None:
+        batch, pending = self.waiting[0]
+        vectors = np.zeros((len(batch), DIM), dtype=np.float32)
+        vectors[:, 0] = [seq[0] for seq in batch]
+        self.completed.update(int(seq[0]) for seq in batch)
+        pending.set_result(vectors)
+
+    def fail(self) -> None:
+        self.waiting[0][1].set_exception(InstanceFailed(f"{self.name} died"))

@@ -41,6 +41,7 @@ REDUCE_SLOT_FLOATS = 1 << 21  # 8 MiB per slot; a batch-32 x 75-token MiniLM lay
 DEFAULT_BATCH_TOKENS = 16384
 STOP_GRACE_SECONDS = 5.0
 WATCH_SECONDS = 0.25  # how often a wait for an answer looks at the heartbeats
+PIPELINE = 2  # batches in flight: one computing, the next waiting in the engine's pipe
 
 
 class CpuWorkerInstance:
@@ -78,6 +79,7 @@ class CpuWorkerInstance:
                 f"engine {engine!r} needs one rank (a single core set)"
             )
         self.name = name
+        self.pipeline = PIPELINE
         self.spec = spec
         self.world = world
         self.rank_cores = [sorted(set(cores)) for cores in rank_cores]
@@ -110,8 +112,11 @@ class CpuWorkerInstance:
         self._failure: str | None = "not started"
         self._request_id = 0
         self.last_compute_seconds = 0.0  # rank 0's own time for the last request (bench: IPC overhead)
-        self._executor: ThreadPoolExecutor | None = None
-        self._io_lock = threading.Lock()  # one user of the sockets at a time (embed vs. close)
+        self._executor: ThreadPoolExecutor | None = None  # starts, and sends batches in order
+        self._receiver: ThreadPoolExecutor | None = None  # waits for answers in the same order
+        self._send_lock = threading.Lock()  # one writer of rank 0's pipe at a time (embed vs. stop)
+        self._io_lock = threading.Lock()  # one reader of the ranks' pipes at a time (embed vs. close)
+        self._arrived: dict[int, bytes] = {}  # answers read while waiting for an earlier one
         # start and stop exclude each other (close during a start waits for it, then stops)
         self._life_lock = threading.RLock()
 
@@ -120,12 +125,23 @@ class CpuWorkerInstance:
     async def start(self) -> None:
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"cpu-{self.name}")
+            self._receiver = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"cpu-{self.name}-recv")
         await asyncio.get_running_loop().run_in_executor(self._executor, self._start_now)
 
     async def embed(self, sequences: Sequence[np.ndarray]) -> np.ndarray:
-        if self._executor is None:
+        """Up to `pipeline` calls may overlap; answers come back in the order the calls were made."""
+        sender, receiver = self._executor, self._receiver
+        if sender is None or receiver is None:
             raise InstanceFailed(f"instance {self.name} is not running")
-        return await asyncio.get_running_loop().run_in_executor(self._executor, self._embed_now, sequences)
+        loop = asyncio.get_running_loop()
+        # Each executor has one thread: the receive is queued behind the earlier calls' receives
+        # in the order the sends were queued, which is the order the engine answers in.
+        sent = loop.run_in_executor(sender, self._send_batch, sequences)
+        ids = await sent
+        if not ids:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        parts = await loop.run_in_executor(receiver, self._receive_batch, ids)
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     async def restart(self) -> None:
         await asyncio.to_thread(self._stop_now, True)
@@ -135,9 +151,11 @@ class CpuWorkerInstance:
         # Not on the instance's own thread: an embed may be blocking it; killing the
         # ranks is what releases that embed.
         await asyncio.to_thread(self._stop_now, True)
-        executor, self._executor = self._executor, None
-        if executor is not None:
-            executor.shutdown(wait=False, cancel_futures=True)
+        executors = (self._executor, self._receiver)
+        self._executor = self._receiver = None
+        for executor in executors:
+            if executor is not None:
+                executor.shutdown(wait=False, cancel_futures=True)
 
     def info(self) -> dict:
         statuses = [rank.get("membind", "unknown") for rank in self._ranks]
@@ -229,13 +247,17 @@ class CpuWorkerInstance:
                 raise InstanceFailed(f"instance {self.name}: rank {rank} failed to start: {error}")
         return [ready[rank] for rank in range(self.world)]
 
-    def _embed_now(self, sequences: Sequence[np.ndarray]) -> np.ndarray:
+    def _send_batch(self, sequences: Sequence[np.ndarray]) -> list[int]:
+        """Write the batch (in chunks if it would not fit the shared input buffer) to rank 0; the
+        request ids to wait for. Blocks only while rank 0's pipe is full (it computes)."""
         if self._failure is not None:
             raise InstanceFailed(f"instance {self.name} is down ({self._failure}); restart it")
         if not sequences:
-            return np.zeros((0, self.dim), dtype=np.float32)
-        parts = [self._roundtrip(chunk) for chunk in self._chunks(sequences)]
-        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+            return []
+        return [self._send(chunk) for chunk in self._chunks(sequences)]
+
+    def _receive_batch(self, ids: list[int]) -> list[np.ndarray]:
+        return [self._receive(request_id) for request_id in ids]
 
     def _chunks(self, sequences: Sequence[np.ndarray]) -> list[Sequence[np.ndarray]]:
         """Split a batch whose request would not fit the shared input buffer (TP only)."""
@@ -252,23 +274,35 @@ class CpuWorkerInstance:
         return chunks
 
     def _roundtrip(self, sequences: Sequence[np.ndarray]) -> np.ndarray:
-        with self._io_lock:
+        return self._receive(self._send(sequences))
+
+    def _send(self, sequences: Sequence[np.ndarray]) -> int:
+        with self._send_lock:
             if self._failure is not None:
                 raise InstanceFailed(f"instance {self.name} is down ({self._failure}); restart it")
             self._request_id += 1
             request_id = self._request_id
             try:
                 self._processes[0].conn.send_bytes(wire.encode_request(request_id, sequences))
-            except (OSError, ValueError) as error:
+            except (OSError, ValueError, IndexError) as error:
                 raise self._fail(f"cannot send to rank 0: {error}") from None
+            return request_id
+
+    def _receive(self, request_id: int) -> np.ndarray:
+        with self._io_lock:
             deadline = time.monotonic() + self.batch_timeout
             while True:
-                rank, message = self._next_message(deadline, "embedding", self.batch_timeout)
-                kind, answered = wire.message_kind(message)
-                if kind == wire.RESULT and answered == request_id:
+                message = self._arrived.pop(request_id, None)
+                if message is not None:
                     self.last_compute_seconds = wire.result_compute_seconds(message)
                     return wire.decode_result(message)
-                if kind == wire.ERROR:
+                if self._failure is not None:
+                    raise InstanceFailed(f"instance {self.name} is down ({self._failure}); restart it")
+                rank, message = self._next_message(deadline, "embedding", self.batch_timeout)
+                kind, answered = wire.message_kind(message)
+                if kind == wire.RESULT:
+                    self._arrived[answered] = message
+                elif kind == wire.ERROR:
                     error = wire.decode_json(message)
                     if error.get("fatal", True):
                         raise self._fail(f"rank {rank}: {error['message']}")
@@ -359,13 +393,13 @@ class CpuWorkerInstance:
             self._life_lock.release()
 
     def _stop_locked(self, graceful: bool) -> None:
-        if graceful and self._processes and self._failure is None and self._io_lock.acquire(timeout=0.1):
+        if graceful and self._processes and self._failure is None and self._send_lock.acquire(timeout=0.1):
             try:
                 self._processes[0].conn.send_bytes(wire.encode_stop())
             except (OSError, ValueError):
                 pass
             finally:
-                self._io_lock.release()
+                self._send_lock.release()
             deadline = time.monotonic() + STOP_GRACE_SECONDS
             for process in self._processes:
                 with contextlib.suppress(subprocess.TimeoutExpired):  # killed below
@@ -373,10 +407,12 @@ class CpuWorkerInstance:
         if self._failure is None:
             self._failure = "stopped"
         self._kill_processes()
-        with self._io_lock:  # an embed still reading the pipes has seen the deaths by now
+        # An embed still reading or writing the pipes has seen the deaths by now.
+        with self._send_lock, self._io_lock:
             for process in self._processes:
                 process.close()
             self._processes, self._ranks = [], []
+            self._arrived.clear()
         segment, self._segment = self._segment, None
         if segment is not None:
             segment.unlink()
