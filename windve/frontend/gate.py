@@ -10,10 +10,11 @@ lets through still meets the exact room check and admission in the request path.
 
 from __future__ import annotations
 
-import time
+import functools
 
 from queue_manager.protocol import Busy, Unavailable
 from windve.frontend import metrics
+from windve.frontend.errors import ApiError
 from windve.frontend.pipeline import refusal
 
 # Embedding routes and their metric label and error shape (TEI's or OpenAI's).
@@ -23,6 +24,9 @@ SMALL_BODY = 64 * 1024  # larger bodies go the normal way: the server must read 
 
 
 class OverloadGate:
+    """The ASGI side of the gate. The HTTP protocol (http_protocol.py) asks the same question
+    earlier, before it starts a request task, and answers from a cache of rendered refusals."""
+
     def __init__(self, app) -> None:  # the FastAPI app
         self.app = app
 
@@ -31,31 +35,51 @@ class OverloadGate:
         return self.app.state
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in GATED:
-            answer = self._refusal(scope)
-            if answer is not None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            refused = self.refusal(scope["path"], scope["headers"])
+            if refused is not None:
+                error, shape = refused
+                answer = error.tei_response() if shape == "tei" else error.openai_response()
                 await answer(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
-    def _refusal(self, scope):
+    def refusal(self, path: str, headers) -> tuple[ApiError, str] | None:
+        """The 429 / 503 and its shape ("tei" or "openai") for a POST to `path` that the dispatcher
+        has no room for, counted in the metrics; None to let the request through."""
+        gated = GATED.get(path)
         front_end = self.app.state.runtime
-        if front_end is None or not _small(scope):
+        if gated is None or front_end is None or not _small(headers):
             return None
         try:
             front_end.dispatcher.check_room(1)
             return None
         except (Busy, Unavailable) as exc:
             error = refusal(exc)
-        route, shape = GATED[scope["path"]]
-        metrics.ERRORS.labels(route, error.error_type).inc()
-        metrics.REQUESTS.labels(route, str(error.status)).inc()
-        metrics.E2E_TIME.labels(route).observe(time.perf_counter() - scope.get("windve_arrived", time.perf_counter()))
-        return error.tei_response() if shape == "tei" else error.openai_response()
+        route, shape = gated
+        _count(route, error)
+        return error, shape
 
 
-def _small(scope) -> bool:
-    for name, value in scope["headers"]:
+@functools.lru_cache(maxsize=64)
+def _counters(route: str, error_type: str, status: int):
+    # Labelled children looked up once: under a storm the lookups cost as much as the answer.
+    return (
+        metrics.ERRORS.labels(route, error_type),
+        metrics.REQUESTS.labels(route, str(status)),
+        metrics.E2E_TIME.labels(route),
+    )
+
+
+def _count(route: str, error: ApiError) -> None:
+    errors, requests, e2e = _counters(route, error.error_type, error.status)
+    errors.inc()
+    requests.inc()
+    e2e.observe(0.0)  # answered before any work: the time to read it is the client's, not ours
+
+
+def _small(headers) -> bool:
+    for name, value in headers:
         if name == b"content-length":
             return value.isdigit() and int(value) <= SMALL_BODY
     return False  # chunked: unknown size

@@ -5,12 +5,21 @@ A request the HTTP parser cannot read never reaches the app: uvicorn answers it 
 overflow") is one: it is answered here as the 413 the app gives any body over its limit, and the
 others as a 400, both in the shape of the API the request's path belongs to.
 
+It also answers BUSY itself. Under a storm of clients that re-ask at once, most requests are
+refusals, and each one that goes through a request task, the ASGI stack and a fresh Response
+costs the event loop about twice what the refusal needs; the loop that also delivers the
+admitted requests' answers then falls behind by a whole turn of refusals. When the overload
+gate (gate.py) says there is no room, the request is answered here, from a cache of rendered
+refusals, as soon as its body has been read, without a task.
+
 Serve with `uvicorn.Config(app, http=JsonErrorHttpToolsProtocol)` (or the import string
 "windve.frontend.http_protocol:JsonErrorHttpToolsProtocol" where uvicorn starts workers itself).
 """
 
 from __future__ import annotations
 
+import functools
+import math
 import sys
 from http import HTTPStatus
 
@@ -18,9 +27,54 @@ import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from windve.frontend.errors import MALFORMED, TOO_LARGE, ApiError
+from windve.frontend.gate import OverloadGate
 
 
 class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
+    _refused: tuple[bytes, bytes, bool] | None = None  # (head, body, keep-alive) of a refusal to send
+
+    def on_headers_complete(self) -> None:
+        if not self._refuse_early():
+            super().on_headers_complete()
+
+    def _refuse_early(self) -> bool:
+        if self.cycle is not None and not self.cycle.response_complete:
+            return False  # a pipelined request behind one still running: the normal queue keeps order
+        if self.expect_100_continue or self.parser.get_method() != b"POST" or self.parser.should_upgrade():
+            return False
+        gate = _gate_of(self.app)
+        if gate is None:
+            return False
+        path = _path(self.url)
+        refused = gate.refusal(path, self.headers)
+        if refused is None:
+            return False
+        error, shape = refused
+        keep_alive = self.parser.get_http_version() != "1.0" and self.parser.should_keep_alive()
+        # Retry-After is whole seconds on the wire: key the cache by what is sent.
+        retry = None if error.retry_after is None else max(1, math.ceil(error.retry_after))
+        self._refused = (*_rendered(error.status, error.message, error.error_type, retry, shape), keep_alive)
+        return True
+
+    def on_body(self, body: bytes) -> None:
+        if self._refused is None:
+            super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        if self._refused is None:
+            super().on_message_complete()
+            return
+        head, body, keep_alive = self._refused
+        self._refused = None
+        if self.transport.is_closing():
+            return
+        defaults = b"".join(name + b": " + value + b"\r\n" for name, value in self.server_state.default_headers)
+        closing = b"" if keep_alive else b"connection: close\r\n"
+        self.transport.write(head + defaults + closing + b"\r\n" + body)
+        if not keep_alive:
+            self.transport.close()
+        self.on_response_complete()  # uvicorn's own bookkeeping: pipelined requests, keep-alive timer
+
     def send_400_response(self, msg: str) -> None:
         # uvicorn calls this while handling the parser's exception, which says what was wrong.
         response = parse_error(sys.exception(), msg).response_for(_path(self.url))
@@ -42,6 +96,27 @@ def parse_error(exc: BaseException | None, fallback: str) -> ApiError:
             413, "the declared Content-Length exceeds the request body limit (setting max_request_bytes)", TOO_LARGE
         )
     return ApiError(400, f"malformed HTTP request: {reason}", MALFORMED)
+
+
+@functools.lru_cache(maxsize=64)
+def _rendered(status: int, message: str, error_type: str, retry_after: int | None, shape: str) -> tuple[bytes, bytes]:
+    """The status line and own headers, and the body, of a refusal: the same bytes the ASGI gate
+    sends (rendered by it once per distinct answer)."""
+    error = ApiError(status, message, error_type, retry_after=retry_after)
+    response = error.tei_response() if shape == "tei" else error.openai_response()
+    head = [f"HTTP/1.1 {response.status_code} {HTTPStatus(response.status_code).phrase}\r\n".encode()]
+    head += [name + b": " + value + b"\r\n" for name, value in response.raw_headers]
+    return b"".join(head), response.body
+
+
+@functools.lru_cache(maxsize=8)
+def _gate_of(app) -> OverloadGate | None:
+    """The overload gate under uvicorn's middlewares, if the app is served through one."""
+    for _ in range(8):
+        if isinstance(app, OverloadGate):
+            return app
+        app = getattr(app, "app", None)
+    return None
 
 
 def _path(url: bytes) -> str:

@@ -1,0 +1,170 @@
+"""BUSY answered by the HTTP protocol itself: the same bytes as the ASGI gate's, without a request task.
+
+A real uvicorn on 127.0.0.1 serves an app whose dispatcher has no room (or, when the test says,
+room); the client is a raw socket, so keep-alive, pipelining and HTTP/1.0 are the wire's own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+from types import SimpleNamespace
+
+import pytest
+import uvicorn
+
+from queue_manager.protocol import Busy, ShuttingDown
+from windve.frontend.gate import OverloadGate
+from windve.frontend.http_protocol import JsonErrorHttpToolsProtocol
+
+
+class Dispatcher:
+    def __init__(self) -> None:
+        self.full: Exception | None = Busy(retry_after=2.4)
+
+    def check_room(self, wanted: int) -> None:
+        if self.full is not None:
+            raise self.full
+
+
+class RecordingApp:
+    """The app behind the gate: answers 200 and records every request that reached it."""
+
+    def __init__(self) -> None:
+        self.dispatcher = Dispatcher()
+        self.state = SimpleNamespace(runtime=SimpleNamespace(dispatcher=self.dispatcher))
+        self.seen: list[str] = []
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        self.seen.append(scope["path"])
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+
+@pytest.fixture
+def served():
+    app = RecordingApp()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    config = uvicorn.Config(OverloadGate(app), host="127.0.0.1", port=port, loop="asyncio",
+                            http=JsonErrorHttpToolsProtocol, log_level="warning", lifespan="off")  # fmt: skip
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    for _ in range(500):
+        if server.started:
+            break
+        threading.Event().wait(0.01)  # uvicorn offers no start event to wait on
+    assert server.started, "uvicorn did not start"
+    yield app, port
+    server.should_exit = True
+    thread.join(10)
+
+
+def post(path: str, body: bytes, version: str = "1.1") -> bytes:
+    return (
+        f"POST {path} HTTP/{version}\r\nHost: t\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+
+
+def read_answers(sock: socket.socket, count: int) -> list[tuple[int, dict[str, str], bytes]]:
+    """`count` responses off the socket: (status, headers, body)."""
+    data, answers = b"", []
+    while len(answers) < count:
+        head_end = data.find(b"\r\n\r\n")
+        if head_end >= 0:
+            lines = data[:head_end].decode("latin-1").split("\r\n")
+            headers = dict(line.lower().split(": ", 1) for line in lines[1:])
+            end = head_end + 4 + int(headers["content-length"])
+            if len(data) >= end:
+                answers.append((int(lines[0].split()[1]), headers, data[head_end + 4 : end]))
+                data = data[end:]
+                continue
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    return answers
+
+
+BODY = json.dumps({"inputs": "hello"}).encode()
+
+
+def test_a_full_service_answers_busy_in_each_api_shape_and_keeps_the_connection(served):
+    app, port = served
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        # Two requests written at once (pipelined), then a third after: one connection throughout.
+        sock.sendall(post("/embed", BODY) + post("/v1/embeddings", BODY))
+        sock.sendall(post("/embed", BODY))
+        answers = read_answers(sock, 3)
+    assert [status for status, _, _ in answers] == [429, 429, 429]
+    tei, openai = json.loads(answers[0][2]), json.loads(answers[1][2])
+    assert tei == {"error": "model is overloaded: every queue is full", "error_type": "overloaded"}
+    assert openai["error"]["type"] == "server_busy" and openai["error"]["code"] == "busy"
+    for _, headers, _ in answers:
+        assert headers["retry-after"] == "3"  # 2.4 s, in whole seconds up
+        assert headers["content-type"] == "application/json"
+        assert "date" in headers and "connection" not in headers
+    assert app.seen == []  # no request reached the app
+
+
+def test_the_same_connection_is_served_once_there_is_room(served):
+    app, port = served
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(post("/embed", BODY))
+        assert read_answers(sock, 1)[0][0] == 429
+        app.dispatcher.full = None
+        sock.sendall(post("/embed", BODY))
+        assert read_answers(sock, 1)[0][:1] == (200,)
+    assert app.seen == ["/embed"]
+
+
+def test_draining_and_http_1_0_close_as_they_should(served):
+    app, port = served
+    app.dispatcher.full = ShuttingDown(retry_after=1.0)
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(post("/embed", BODY, version="1.0"))
+        ((status, headers, body),) = read_answers(sock, 1)
+        assert sock.recv(1) == b""  # closed after the answer
+    assert status == 429 and headers["connection"] == "close"
+    assert "shutting down" in json.loads(body)["error"]
+
+
+def test_other_requests_and_large_bodies_go_the_normal_way(served):
+    app, port = served
+    big = json.dumps({"inputs": "x" * 70_000}).encode()  # over the gate's small-body bound
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(post("/tokenize", BODY) + post("/embed", big))
+        statuses = [status for status, _, _ in read_answers(sock, 2)]
+    assert statuses == [200, 200] and app.seen == ["/tokenize", "/embed"]
+
+
+def test_the_asgi_gate_sends_the_same_bytes(served):
+    # Without the protocol (another server, or a test client) the ASGI gate answers alike.
+    app, _ = served
+    gate = OverloadGate(app)
+    sent: list[dict] = []
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": BODY}
+
+    scope = {"type": "http", "method": "POST", "path": "/embed",
+             "headers": [(b"content-length", str(len(BODY)).encode())]}  # fmt: skip
+    asyncio.run(gate(scope, receive, send))
+    assert sent[0]["status"] == 429 and dict(sent[0]["headers"])[b"retry-after"] == b"3"
+    assert json.loads(sent[1]["body"])["error_type"] == "overloaded" and app.seen == []
