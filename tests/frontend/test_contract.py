@@ -176,6 +176,9 @@ def test_openai_models_lists_and_retrieves_the_served_model(client):
 def test_root_answers_as_embed_and_health(client):
     assert client.post("/", json={"inputs": TEXTS}).json() == client.post("/embed", json={"inputs": TEXTS}).json()
     assert client.get("/").json() == client.get("/health").json() == {"status": "ok"}
+    for path in ("/", "/health"):  # load balancers probe with HEAD
+        answer = client.head(path)
+        assert answer.status_code == 200 and answer.content == b""
 
 
 def test_huggingface_inference_client_given_the_base_url(server, expected, monkeypatch):

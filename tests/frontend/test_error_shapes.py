@@ -66,11 +66,11 @@ def test_model_id_no_route_pattern_matches_is_model_not_found(client):
 @pytest.mark.parametrize(
     ("method", "path", "allowed"),
     [
-        ("DELETE", "/", "GET, OPTIONS, POST"),
+        ("DELETE", "/", "GET, HEAD, OPTIONS, POST"),
         ("GET", "/embed", "OPTIONS, POST"),
         ("PUT", "/v1/embeddings", "OPTIONS, POST"),
         ("POST", "/v1/models/x", "GET, OPTIONS"),
-        ("POST", "/health", "GET, OPTIONS"),
+        ("POST", "/health", "GET, HEAD, OPTIONS"),
     ],
 )
 def test_wrong_method_is_405_naming_every_allowed_method(client, method, path, allowed):

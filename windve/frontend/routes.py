@@ -221,8 +221,11 @@ async def model_by_id(request: Request, model_id: str) -> Response:
     return await _answered(request, "models", handle, ApiError.openai_response)
 
 
-@router.get("/health", summary="200 when every pool can serve, 503 while loading or broken")
-@router.get("/", summary="Same as /health, at the root where TEI answers it")
+# HEAD too: load balancers and uptime checks probe with it.
+@router.api_route(
+    "/health", methods=["GET", "HEAD"], summary="200 when every pool can serve, 503 while loading or broken"
+)
+@router.api_route("/", methods=["GET", "HEAD"], summary="Same as /health, at the root where TEI answers it")
 async def health(request: Request) -> Response:
     """From the dispatcher's board (or its in-process state): never waits behind embedding work."""
     state = _state(request)
