@@ -84,7 +84,7 @@ def test_wrong_method_is_405_naming_every_allowed_method(client, method, path, a
 
 def test_options_answers_the_methods_a_path_serves(client):
     root = client.options("/")
-    assert root.status_code == 204 and root.headers["allow"] == "GET, OPTIONS, POST"
+    assert root.status_code == 204 and root.headers["allow"] == "GET, HEAD, OPTIONS, POST"
     assert client.options("/v1/embeddings").headers["allow"] == "OPTIONS, POST"
 
 
