@@ -51,7 +51,7 @@ class Echo:
 async def _runtime() -> SimpleNamespace:
     qm = QueueManager([("cpu", 10**6, [Echo()])], max_batch_size=64)
     await qm.start()
-    return SimpleNamespace(ready=True, queue_manager=qm, info=dict)
+    return SimpleNamespace(accepting=True, ready=True, queue_manager=qm, info=dict)
 
 
 def _serve(address: str, board: str, ready) -> None:

@@ -30,7 +30,7 @@ class DepthSource:
 
     pool: str
     depth: int
-    source: str  # setting | calibration | warm-up probe
+    source: str  # setting | calibration (origin) | warm-up probe (http | in-process)
     token_budget: int | None = None
     token_charge: TokenCharge = TokenCharge()  # what a query counts against the token budget
     detail: dict[str, Any] = field(default_factory=dict)
@@ -73,28 +73,22 @@ def depth_from_calibration(calibration: Calibration, pool: str, slo: float, orig
     )
 
 
-async def probe_depth(
-    pool: str, submit: Callable[[Sequence[np.ndarray]], Awaitable[Any]], query: np.ndarray, batch: int, slo: float
+ClosedLoopRound = Callable[[int], Awaitable[float]]  # concurrency -> seconds until its last answer
+
+
+async def probe_rounds(
+    pool: str, closed_loop_round: ClosedLoopRound, batch: int, slo: float, path: str, query_tokens: int
 ) -> DepthSource:
     """A two-point estimate of p99 `latency = alpha*C + beta`, the depth a pool starts with when neither
     a setting nor a calibration gives one; the online depth controller moves on from it.
 
-    It times closed-loop rounds through `submit`, which the service gives as the pool's own queue: the
-    queue manager's dispatch and batching and the engines, not the front end (HTTP, validation and
-    tokenization add nothing to these latencies). So it reads the pool somewhat faster than a client
-    sees it, and its depth is somewhat deeper than `windve calibrate` over HTTP finds. A round's time is
-    its last answer, which is the p99 of its queries. One query alone gives beta; a full batch per
+    `closed_loop_round(C)` sends C queries of `query_tokens` tokens at once and returns the time until
+    the last answer, which is the p99 of its queries. One query alone gives beta; a full batch per
     instance gives the drain rate, whose inverse is alpha. A first, unmeasured round lets the kernels
     meet these shapes before the clock runs. The depth keeps `windve calibrate`'s default headroom.
+    `path` says what the rounds went through ("http": the service's own front end, windve.probe;
+    "in-process": the pool's queue, `probe_depth`), for /info.
     """
-
-    loop = asyncio.get_running_loop()
-
-    async def closed_loop_round(concurrency: int) -> float:
-        started = loop.time()  # the loop's clock: exact for a simulated pool on a virtual clock
-        await asyncio.gather(*(submit([query]) for _ in range(concurrency)))
-        return loop.time() - started
-
     await closed_loop_round(batch)
     beta = min([await closed_loop_round(1) for _ in range(3)])
     # The median of three full batches: one round alone moved the depth by a quarter when a
@@ -106,6 +100,34 @@ async def probe_depth(
     return DepthSource(
         pool,
         decision.depth or 1,
-        "warm-up probe",
-        detail={"alpha": alpha, "beta": beta, "query_tokens": len(query), "reason": decision.reason},
+        f"warm-up probe ({path})",
+        detail={
+            "alpha": alpha,
+            "beta": beta,
+            "query_tokens": query_tokens,
+            "batch": batch,
+            "path": path,
+            "reason": decision.reason,
+        },
     )
+
+
+async def probe_depth(
+    pool: str, submit: Callable[[Sequence[np.ndarray]], Awaitable[Any]], query: np.ndarray, batch: int, slo: float
+) -> DepthSource:
+    """The warm-up probe in this process: `probe_rounds` through `submit`, the pool's own queue.
+
+    That is the queue manager's dispatch and batching and the engines, with token ids made in
+    advance: no HTTP, validation, tokenizing or answer writing, so it reads the pool faster than a
+    client sees it. The service probes over HTTP (windve.probe) where its front end listens; this is
+    the fallback where none does (the runtime embedded in tests or the estimator), or where the
+    HTTP probe failed.
+    """
+    loop = asyncio.get_running_loop()
+
+    async def closed_loop_round(concurrency: int) -> float:
+        started = loop.time()  # the loop's clock: exact for a simulated pool on a virtual clock
+        await asyncio.gather(*(submit([query]) for _ in range(concurrency)))
+        return loop.time() - started
+
+    return await probe_rounds(pool, closed_loop_round, batch, slo, "in-process", len(query))

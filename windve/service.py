@@ -4,6 +4,11 @@
 end) and `windve calibrate --in-process` stand on. Every instance runs in its own engine
 process; a watchdog kills one that misses its heartbeat, and the queue manager fails its
 work over and restarts it.
+
+A pool with no depth from a setting or a calibration gets one from the warm-up probe. The
+service starts with `probe_later`: the runtime admits queries at provisional depths but is
+not ready (/health 503) until `finish_start` has probed through the service's own front end
+(windve.probe); embedded without one (tests, the estimator), it probes in this process.
 """
 
 from __future__ import annotations
@@ -13,7 +18,8 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -26,6 +32,7 @@ from queue_manager.protocol import Instance
 from windve.depths import PROBE_TOKENS, DepthSource, depth_from_calibration, probe_depth
 from windve.engines import resolve_dtype
 from windve.model import ModelSpec, load_model_spec
+from windve.probe import Address, ProbeFailed, exact_length_texts, probe_over_http
 from windve.settings import Settings
 from windve.tokenizer import TextTokenizer
 
@@ -57,14 +64,19 @@ class Runtime:
         self.calibration_origin: str | None = None
         self.watcher = None  # windve.calibration_store.CalibrationWatcher when Redis is set
         self.started_at = time.time()
-        self.ready = False
+        self.accepting = False  # the queue manager admits queries (at provisional depths while warming up)
+        self.ready = False  # every pool has its depth: /health may say ok
         self._watchdog: asyncio.Task | None = None
 
     # ---- construction ----------------------------------------------------------------
 
     @classmethod
-    async def start(cls, settings: Settings) -> "Runtime":
-        """Load the model, plan the devices, start every instance, set the queue depths."""
+    async def start(cls, settings: Settings, *, probe_later: bool = False) -> "Runtime":
+        """Load the model, plan the devices, start every instance, set the queue depths.
+
+        With `probe_later`, pools that need the warm-up probe get provisional depths: the runtime
+        accepts queries but is not ready until the caller, once its front end listens, has called
+        `finish_start`."""
         spec = load_spec(settings)
         tokenizer = TextTokenizer(spec, settings.max_input_tokens)
         hardware = devices.detect_hardware(settings.sysfs_root)
@@ -77,10 +89,10 @@ class Runtime:
         runtime = cls(settings, spec, tokenizer, hardware, plan, instances)
         if settings.calibration_file is not None:
             runtime.apply_calibration(load_calibration(settings.calibration_file), str(settings.calibration_file))
-        await runtime._start_queue_manager()
+        await runtime._start_queue_manager(probe_later)
         return runtime
 
-    async def _start_queue_manager(self) -> None:
+    async def _start_queue_manager(self, probe_later: bool) -> None:
         settings = self.settings
         pools = [(name, 1, members) for name, members in self.instances.items()]
         qm = QueueManager(
@@ -97,16 +109,25 @@ class Runtime:
         self.queue_manager = qm
         try:
             await qm.start()
+            # Watched from here on: a probe runs on these engines for seconds.
+            self._watchdog = asyncio.create_task(self._watch_heartbeats(), name="engine-watchdog")
+            from windve.engine_process.usage import watch_engines
+
+            watch_engines(self, self._engine_processes)
             await self._follow_shared_calibration()
-            await self._set_depths()
+            unprobed = [name for name in self.instances if self._known_depth(name) is None]
+            if probe_later and unprobed:
+                for name in self.instances:
+                    # Until finish_start, one query per instance in every pool: a depth that any SLO
+                    # one query can meet allows. The probe's pinned depths, then the settled ones,
+                    # replace it.
+                    qm.set_depth(name, len(self.instances[name]))
+            else:
+                await self._settle_depths(None)
         except BaseException:
             await self.close()
             raise
-        self._watchdog = asyncio.create_task(self._watch_heartbeats(), name="engine-watchdog")
-        from windve.engine_process.usage import watch_engines
-
-        watch_engines(self, self._engine_processes)
-        self.ready = True
+        self.accepting = True
 
     def _engine_processes(self) -> list[tuple[str, int, int]]:
         return [
@@ -152,17 +173,32 @@ class Runtime:
         for warning in fingerprint_mismatch(calibration, self.spec.revision, self.hardware_fingerprint):
             log.warning("%s: %s", origin, warning)
         self.calibration, self.calibration_origin = calibration, origin
-        if self.queue_manager is None or not self.depths:
-            return
+        if not self.ready:
+            return  # the depths are still being set: _settle_depths takes it
         for name in self.instances:
             if self._configured_depth(name) is None:
                 source = depth_from_calibration(calibration, name, self.settings.slo_seconds, f"calibration ({origin})")
                 if source is not None:
                     self._use_depth(source)
 
-    async def _set_depths(self) -> None:
+    async def finish_start(self, address: Address | None) -> None:
+        """Probe the pools that `start(probe_later=True)` left without a depth, then be ready.
+
+        `address`: where this service's front end listens, for the probe over HTTP on loopback;
+        None where no HTTP server listens for it (the runtime is embedded): the probe runs in
+        this process, as it does where the HTTP one fails."""
+        if not self.ready:
+            await self._settle_depths(address)
+
+    async def _settle_depths(self, address: Address | None) -> None:
+        sources = {name: self._known_depth(name) for name in self.instances}
+        for name, source in sources.items():
+            if source is None:
+                sources[name] = await self._probe(name, address)
         for name in self.instances:
-            self._use_depth(await self._depth_for(name))
+            # A calibration from Redis that came while a probe ran wins, as it would live.
+            self._use_depth(self._known_depth(name) or sources[name])
+        self.ready = True
 
     def _use_depth(self, source: DepthSource) -> None:
         self.depths[source.pool] = source
@@ -172,20 +208,54 @@ class Runtime:
     def _configured_depth(self, pool: str) -> int | None:
         return {"accelerator": self.settings.accelerator_depth, "cpu": self.settings.cpu_depth}.get(pool)
 
-    async def _depth_for(self, pool: str) -> DepthSource:
+    def _known_depth(self, pool: str) -> DepthSource | None:
+        """The depth from a setting or a calibration; None when the pool needs the probe."""
         configured = self._configured_depth(pool)
         if configured:
             return DepthSource(pool, configured, "setting")
         if self.calibration is not None:
-            source = depth_from_calibration(
+            return depth_from_calibration(
                 self.calibration, pool, self.settings.slo_seconds, f"calibration ({self.calibration_origin})"
             )
-            if source is not None:
-                return source
-        batch = self.settings.max_batch_size * len(self.instances[pool])
-        return await probe_depth(
-            pool, self.pool_submitter(pool), self.make_query(PROBE_TOKENS), batch, self.settings.slo_seconds
-        )
+        return None
+
+    def _probe_batch(self, pool: str) -> int:
+        return self.settings.max_batch_size * len(self.instances[pool])
+
+    async def _probe(self, pool: str, address: Address | None) -> DepthSource:
+        """The warm-up probe over HTTP where the front end listens, else (or if that fails) in-process."""
+        batch, slo = self._probe_batch(pool), self.settings.slo_seconds
+        failure = None
+        # A pool that admission never picks (heterogeneous computing off) cannot be reached over HTTP.
+        if address is not None and pool in [eligible.name for eligible in self.queue_manager.eligible_pools()]:
+            try:
+                texts = exact_length_texts(self.spec.path)  # ValueError: no exact-length texts for this tokenizer
+                with self._pinned(pool):
+                    return await probe_over_http(pool, address, texts, batch, slo, self.settings.api_key)
+            except (ProbeFailed, ValueError) as error:
+                log.warning("pool %s: the warm-up probe over HTTP failed (%s); probing in-process", pool, error)
+                failure = str(error)
+        source = await probe_depth(pool, self.pool_submitter(pool), self.make_query(PROBE_TOKENS), batch, slo)
+        if failure:
+            source.detail["http_error"] = failure
+        return source
+
+    @contextmanager
+    def _pinned(self, pool: str) -> Iterator[None]:
+        """Room in `pool` only, so that the front end's admission sends the probe's requests there.
+
+        Room for two rounds of the probe, not one: a remote front end checks room on the board,
+        which is refreshed every few milliseconds, and a stale one must not refuse the next round.
+        Adaptive depth control holds still meanwhile, or it would move these depths; _settle_depths
+        sets every pool's depth after."""
+        qm = self.queue_manager
+        control, qm.depth_control = qm.depth_control, "static"
+        try:
+            for name in self.instances:
+                qm.set_depth(name, 2 * self._probe_batch(pool) if name == pool else 0)
+            yield
+        finally:
+            qm.depth_control = control
 
     # ---- what the estimator and the HTTP layer use ----------------------------------
 
@@ -204,7 +274,7 @@ class Runtime:
         return hardware_fingerprint(self.hardware, self.plan)
 
     async def close(self) -> None:
-        self.ready = False
+        self.accepting = self.ready = False
         if self._watchdog is not None:
             self._watchdog.cancel()
         from windve.engine_process.usage import forget_engines

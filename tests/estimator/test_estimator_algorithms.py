@@ -106,7 +106,7 @@ def test_warm_up_probe_reads_the_line_through_one_query_and_one_batch() -> None:
     alpha, beta = source.detail["alpha"], source.detail["beta"]
     assert beta == pytest.approx(0.003, rel=1e-12)  # one query: 1 ms per batch + 2 ms
     assert alpha == pytest.approx(0.017 / 8, rel=1e-12)  # a full batch of 8: 17 ms
-    assert source.source == "warm-up probe"
+    assert source.source == "warm-up probe (in-process)"
     assert source.depth == decide_depth(LinearFit(alpha, beta, math.nan, 2), SLO, headroom=DEFAULT_HEADROOM).depth == 58
 
 

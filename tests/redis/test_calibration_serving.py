@@ -74,7 +74,7 @@ def test_published_calibration_applies_live(redis_server, tmp_path, model_spec):
     server = start_server(tmp_path, "--redis-url", redis_server.url, "--cache-size", "0")
     try:
         before = cpu_pool(server.url)
-        assert before["depth_source"] == "warm-up probe"
+        assert before["depth_source"] == "warm-up probe (http)"
         fingerprint = httpx.get(server.url + "/info").json()["hardware_fingerprint"]
         newer = calibration(model_spec.revision, fingerprint, 123, "2026-06-01T00:00:00+00:00")
         script = (

@@ -28,7 +28,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 class DrainingServer(uvicorn.Server):
-    """On SIGTERM/SIGINT, stop admitting (BUSY) at once; uvicorn then lets admitted requests finish."""
+    """On SIGTERM/SIGINT, stop admitting (BUSY) at once; uvicorn then lets admitted requests finish.
+
+    Once it listens, it tells `listening` where: the warm-up probe goes there."""
+
+    def __init__(self, config: uvicorn.Config, listening=None) -> None:  # windve.probe.Listening
+        super().__init__(config)
+        self.listening = listening
+
+    async def startup(self, sockets=None) -> None:  # noqa: ANN001 - uvicorn's signature
+        await super().startup(sockets)
+        if self.started and self.listening is not None:
+            self.listening.bound(self.servers[0].sockets[0].getsockname())
 
     def handle_exit(self, sig, frame) -> None:  # noqa: ANN001 - signal handler signature
         front_end = self.config.app.state.runtime
@@ -77,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
 def _serve_in_one_process(settings) -> int:
     from windve.frontend.app import create_app
     from windve.frontend.process import uvicorn_config
+    from windve.probe import Listening
 
     fatal: list[str] = []
     server: DrainingServer | None = None
@@ -86,8 +98,11 @@ def _serve_in_one_process(settings) -> int:
         if server is not None:
             server.should_exit = True
 
-    app = create_app(settings, on_fatal=on_fatal)
-    server = DrainingServer(uvicorn_config(app, settings, DRAIN_SECONDS, host=settings.host, port=settings.port))
+    listening = Listening()
+    app = create_app(settings, on_fatal=on_fatal, listening=listening)
+    server = DrainingServer(
+        uvicorn_config(app, settings, DRAIN_SECONDS, host=settings.host, port=settings.port), listening
+    )
     server.run()
     if fatal:
         print(f"windve serve: could not start: {fatal[0]}", file=sys.stderr)

@@ -15,9 +15,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-# ready, draining, health (0 none, 1 degraded, 2 ok, 3 no healthy instance), free room,
+# ready, draining, health (0 none, 1 degraded, 2 ok, 3 no healthy instance), warming, free room,
 # retry-after seconds, stamp (monotonic seconds of the last refresh)
-_LAYOUT = struct.Struct("<BBBxxxxxqdd")
+_LAYOUT = struct.Struct("<BBBBxxxxqdd")
 REFRESH_SECONDS = 0.005
 STALE_SECONDS = 2.0  # a board this old means the dispatcher is gone or stuck
 
@@ -32,6 +32,8 @@ class BoardState:
     free_room: int
     retry_after: float
     age: float  # seconds since the dispatcher last refreshed the board
+    # Ready but warming up: embeds are admitted (the warm-up probe's among them), /health says starting.
+    warming: bool = False
 
     @property
     def alive(self) -> bool:
@@ -54,14 +56,17 @@ class StateBoard:
         if create:
             self.write(ready=False, draining=False, health=STARTING, free_room=0, retry_after=1.0)
 
-    def write(self, *, ready: bool, draining: bool, health: int, free_room: int, retry_after: float) -> None:
+    def write(
+        self, *, ready: bool, draining: bool, health: int, free_room: int, retry_after: float, warming: bool = False
+    ) -> None:
         _LAYOUT.pack_into(
-            self._map, 0, ready, draining, health, free_room, retry_after, time.monotonic()
+            self._map, 0, ready, draining, health, warming, free_room, retry_after, time.monotonic()
         )
 
     def read(self) -> BoardState:
-        ready, draining, health, free_room, retry_after, stamp = _LAYOUT.unpack_from(self._map, 0)
-        return BoardState(bool(ready), bool(draining), health, free_room, retry_after, time.monotonic() - stamp)
+        ready, draining, health, warming, free_room, retry_after, stamp = _LAYOUT.unpack_from(self._map, 0)
+        age = time.monotonic() - stamp
+        return BoardState(bool(ready), bool(draining), health, free_room, retry_after, age, bool(warming))
 
     def close(self) -> None:
         self._map.close()

@@ -7,7 +7,9 @@ Both clients answer the same calls, so the front end's request path is one:
   `ticket.result()` -> float32 [n, dim] or Busy / ShuttingDown / Unavailable / QueryFailed;
   `ticket.cancel()` when the client has gone frees its queries' slots;
 - `status()` for /health (never waits behind embedding work), `await info()`,
-  `await metrics_text()` for what lives in the dispatcher's process.
+  `await metrics_text()` for what lives in the dispatcher's process;
+- `await serving(address)` once the front end answers HTTP: the dispatcher's warm-up probe may
+  go through it (windve.probe).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import zmq.asyncio
 from queue_manager.protocol import Busy, QueryFailed, ShuttingDown, Unavailable
 from windve.dispatcher import messages
 from windve.dispatcher.board import DEGRADED, OK, STARTING, UNAVAILABLE, StateBoard
+from windve.probe import Address
 
 HEALTH_NAMES = {STARTING: "starting", DEGRADED: "degraded", OK: "ok", UNAVAILABLE: "unhealthy"}
 CONTROL_TIMEOUT = 5.0  # /info and /metrics answers from the dispatcher
@@ -72,6 +75,10 @@ class LocalDispatcher:
         if not qm.healthy():
             return {"status": "unhealthy"}
         return {"status": "ok" if qm.all_instances_healthy() else "degraded"}
+
+    async def serving(self, address: Address | None) -> None:
+        """The front end answers at `address` (None: no HTTP server listens): probe through it."""
+        await self.runtime.finish_start(address)
 
     async def info(self) -> dict:
         return self.runtime.info()
@@ -177,11 +184,16 @@ class RemoteDispatcher:
         state = self.board.read()
         if not state.alive:
             return {"status": "unhealthy", "error": "the dispatcher is not answering"}
-        if not state.ready:
+        if not state.ready or state.warming:
             return {"status": "starting"}
         if state.draining:
             return {"status": "draining"}
         return {"status": HEALTH_NAMES[state.health]}
+
+    async def serving(self, address: Address | None) -> None:
+        """Tell the dispatcher that this front end answers /embed: its warm-up probe waits for every
+        front end, as the probe's connections may reach any of them. `address`: the parent knows it."""
+        self._socket.send_multipart([messages.pack({"op": messages.SERVING, "id": 0})])
 
     async def info(self) -> dict:
         header, _ = await asyncio.wait_for(self._ask({"op": messages.INFO}), CONTROL_TIMEOUT)

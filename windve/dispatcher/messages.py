@@ -10,6 +10,7 @@ import msgpack
 import numpy as np
 
 EMBED, CANCEL, INFO, METRICS = "embed", "cancel", "info", "metrics"
+SERVING = "serving"  # a front end can answer /embed now (no answer): the warm-up probe waits for every one
 # Answer statuses, each mapped to an HTTP answer by the front end.
 OK, BUSY, DRAINING, UNAVAILABLE, FAILED = "ok", "busy", "draining", "unavailable", "failed"
 

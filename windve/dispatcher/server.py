@@ -46,6 +46,7 @@ class DispatcherServer:
         self._socket.bind(address)
         self._pending: dict[tuple[bytes, int], Request] = {}
         self._tasks: list[asyncio.Task] = []
+        self.serving: set[bytes] = set()  # front ends that said they answer /embed (for the warm-up probe)
 
     def start(self) -> None:
         self._tasks = [
@@ -64,7 +65,7 @@ class DispatcherServer:
 
     def publish_now(self) -> None:
         runtime = self._runtime()
-        if runtime is None or not runtime.ready or runtime.queue_manager is None:
+        if runtime is None or not runtime.accepting or runtime.queue_manager is None:
             self.board.write(ready=False, draining=False, health=STARTING, free_room=0, retry_after=1.0)
             return
         qm = runtime.queue_manager
@@ -80,6 +81,7 @@ class DispatcherServer:
             health=health,
             free_room=sum(pool.room() for pool in serving),
             retry_after=qm.retry_after(1),
+            warming=not runtime.ready,
         )
 
     async def _publish(self) -> None:
@@ -121,10 +123,12 @@ class DispatcherServer:
             self._send(client, {"id": request_id, "status": messages.OK, "info": info})
         elif op == messages.METRICS:
             self._send(client, {"id": request_id, "status": messages.OK}, generate_latest())
+        elif op == messages.SERVING:
+            self.serving.add(client)
 
     def _embed(self, client: bytes, request_id: int, header: dict, payload: list) -> None:
         runtime = self._runtime()
-        if runtime is None or not runtime.ready:
+        if runtime is None or not runtime.accepting:
             self._answer(client, request_id, messages.UNAVAILABLE, message="the model is still loading", retry=1.0)
             return
         qm = runtime.queue_manager
@@ -140,7 +144,7 @@ class DispatcherServer:
         except Unavailable as refusal:
             self._answer(client, request_id, messages.UNAVAILABLE, message=str(refusal), retry=refusal.retry_after)
             return
-        for pool in qm.pools:
+        for pool in qm.pools if runtime.ready else ():  # the warm-up probe's depths are not the service's
             if pool.in_flight > self.peak_in_flight.get(pool.name, 0):
                 self.peak_in_flight[pool.name] = pool.in_flight
         key = (client, request_id)
@@ -167,6 +171,7 @@ class DispatcherServer:
     def forget_client(self, client: bytes) -> int:
         """Cancel every admitted query of a front end that has gone; returns how many requests."""
         runtime = self._runtime()
+        self.serving.discard(client)
         gone = [key for key in self._pending if key[0] == client]
         for key in gone:
             request = self._pending.pop(key)

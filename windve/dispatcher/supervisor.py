@@ -2,7 +2,9 @@
 
 It opens the listening socket once (every front end accepts from it), starts N front-end
 processes at once (they answer /health 503 while the engines load), then loads the engines
-and runs the dispatcher on its own loop. A front end that dies is replaced, and the queries
+and runs the dispatcher on its own loop. A pool that needs the warm-up probe is probed from
+here once every front end serves, over HTTP on that socket (windve.probe); /health says ok
+after. A front end that dies is replaced, and the queries
 it had admitted are cancelled; no other front end's query is touched. SIGTERM drains: the
 board says draining (new requests get BUSY), every front end finishes what it admitted and
 exits, then the engines stop.
@@ -18,16 +20,19 @@ import signal
 import socket
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from windve.dispatcher.board import StateBoard
 from windve.dispatcher.server import DispatcherServer
+from windve.probe import loopback
 from windve.service import Runtime
 from windve.settings import Settings
 
 log = logging.getLogger("windve.dispatcher")
 
 RESTART_BACKOFF = (0.5, 1.0, 2.0, 5.0)
+FRONT_ENDS_START_SECONDS = 60.0  # the warm-up probe waits this long at most for every front end to serve
 
 
 class Supervisor:
@@ -62,7 +67,7 @@ class Supervisor:
             loop.add_signal_handler(sig, self._begin_stop)
         keepers = [asyncio.create_task(self._keep_front_end(i, workdir, listener, server)) for i in range(self.workers)]
         log.info("%d front-end processes on %s:%d", self.workers, self.settings.host, self.settings.port)
-        starting = asyncio.create_task(self._start_engines())
+        starting = asyncio.create_task(self._start_engines(server, loopback(listener.getsockname())))
         await self._stop.wait()
         starting.cancel()
         await asyncio.gather(starting, return_exceptions=True)
@@ -81,9 +86,13 @@ class Supervisor:
             return 1
         return 0
 
-    async def _start_engines(self) -> None:
+    async def _start_engines(self, server: DispatcherServer, address: tuple[str, int]) -> None:
         try:
-            self.runtime = await Runtime.start(self.settings)
+            # Accepting (the probe's requests reach it through the front ends) but not ready yet.
+            self.runtime = await Runtime.start(self.settings, probe_later=True)
+            if not self.runtime.ready:
+                await self._front_ends_serve(server)
+                await self.runtime.finish_start(address)
         except asyncio.CancelledError:
             raise
         except Exception as error:  # noqa: BLE001 - reported, then the service exits
@@ -92,6 +101,16 @@ class Supervisor:
             self._begin_stop()
             return
         log.info("dispatcher ready: pools %s", ", ".join(self.runtime.pool_names))
+
+    async def _front_ends_serve(self, server: DispatcherServer) -> None:
+        """Until every front end answers /embed: the kernel hands the probe's connections to any of them."""
+        deadline = time.monotonic() + FRONT_ENDS_START_SECONDS
+        while time.monotonic() < deadline:
+            pids = self._front_end_pids()
+            if len(pids) == self.workers and all(f"fe-{pid}".encode() in server.serving for pid in pids):
+                return
+            await asyncio.sleep(0.05)  # polling what other processes change, bounded by the deadline
+        log.warning("not every front end serves after %.0f s: probing through those that do", FRONT_ENDS_START_SECONDS)
 
     def _front_end_pids(self) -> list[int]:
         return [process.pid for process in self._fronts.values() if process.returncode is None]

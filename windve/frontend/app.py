@@ -19,6 +19,7 @@ from windve.frontend.priority import lower_this_thread
 from windve.frontend.routes import router
 from windve.frontend.tokenize_limits import BUDGET_REQUESTS, TokenBudget
 from windve.gc_tuning import tune_gc_for_serving
+from windve.probe import Listening
 from windve.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -26,15 +27,22 @@ log = logging.getLogger(__name__)
 RuntimeFactory = Callable[[Settings], Awaitable[FrontEnd]]
 
 
-def create_app(settings: Settings, start_runtime: RuntimeFactory = start_local_front_end, on_fatal=None) -> FastAPI:
+def create_app(
+    settings: Settings,
+    start_runtime: RuntimeFactory = start_local_front_end,
+    on_fatal=None,
+    listening: Listening | None = None,
+) -> FastAPI:
     """The app answers at once (/health 503) and loads the model in the background.
 
     `on_fatal(message)` is called when the runtime cannot start, so the server can exit.
+    `listening` says where the server that serves this app listens, once it does: the warm-up
+    probe of a runtime in this process goes there over HTTP (None: it probes in-process).
     """
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        task = asyncio.create_task(_start(app, settings, start_runtime, on_fatal))
+        task = asyncio.create_task(_start(app, settings, start_runtime, on_fatal, listening))
         try:
             yield
         finally:
@@ -64,9 +72,21 @@ def create_app(settings: Settings, start_runtime: RuntimeFactory = start_local_f
     return app
 
 
-async def _start(app: FastAPI, settings: Settings, start_runtime: RuntimeFactory, on_fatal) -> None:
+async def _start(
+    app: FastAPI, settings: Settings, start_runtime: RuntimeFactory, on_fatal, listening: Listening | None
+) -> None:
     try:
         runtime = await start_runtime(settings)
+        app.state.runtime = runtime
+        app.state.ready_since = int(time.time())
+        app.state.pipeline = EmbeddingPipeline(runtime, cache=create_cache(settings))
+        tune_gc_for_serving()
+        # After the engines started: their processes were spawned by threads that keep their priority.
+        lower_this_thread(settings.frontend_nice)
+        # The front end serves now (/health says so once the dispatcher is ready): the warm-up
+        # probe, in this process or the dispatcher's, may time its rounds through it.
+        address = await listening.wait() if listening is not None else None
+        await runtime.dispatcher.serving(address)
     except asyncio.CancelledError:
         raise
     except Exception as error:  # noqa: BLE001 - reported through /health and the exit path
@@ -75,11 +95,5 @@ async def _start(app: FastAPI, settings: Settings, start_runtime: RuntimeFactory
         if on_fatal is not None:
             on_fatal(app.state.startup_error)
         return
-    app.state.runtime = runtime
-    app.state.ready_since = int(time.time())
-    app.state.pipeline = EmbeddingPipeline(runtime, cache=create_cache(settings))
-    tune_gc_for_serving()
-    # After the engines started: their processes were spawned by threads that keep their priority.
-    lower_this_thread(settings.frontend_nice)
     log.info("front end ready: %s", runtime.spec.name)
 

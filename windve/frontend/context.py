@@ -30,10 +30,13 @@ class FrontEnd:
 
 
 async def start_local_front_end(settings: Settings) -> FrontEnd:
-    """One front end with the dispatcher and its engines' owner in this same process."""
+    """One front end with the dispatcher and its engines' owner in this same process.
+
+    Its runtime accepts queries but is not ready until the warm-up probe has run through this
+    front end (`LocalDispatcher.serving`)."""
     from windve.service import Runtime
 
-    runtime = await Runtime.start(settings)
+    runtime = await Runtime.start(settings, probe_later=True)
     return FrontEnd(settings, runtime.spec, runtime.tokenizer, LocalDispatcher(runtime), runtime.dtype)
 
 

@@ -1,0 +1,185 @@
+"""The warm-up probe over HTTP: a pool's starting depth, timed on the path that serves.
+
+The rounds are `windve.depths.probe_rounds`'; each query is a `POST /embed` of one text of
+PROBE_TOKENS tokens to the service's own listening address on loopback, so alpha and beta include
+what a client waits for besides the engines: reading and validating the request, tokenizing,
+dispatch, and writing the JSON answer. (Timed below the front end, the probe set depths 4x too
+deep on a GPU host: issue #29.) Every text is different, so that the embedding cache cannot answer.
+
+Which process runs it: with one front end, that front end's own process, once uvicorn listens
+(`Listening`); with several, the `windve serve` parent (the dispatcher), once every front end has
+said it serves. The front end admits the probe's requests like any other; the runtime pins them to
+the probed pool by giving the other pools no room meanwhile (`Runtime._pinned`).
+
+The client is raw asyncio streams: one kept-alive connection per query in flight, opened before
+the round, and each request encoded before the clock starts; a round costs it one write and two
+reads per query. It runs on the same event loop as the front end (one process) or the dispatcher
+(several), so whatever it costs is timed as service latency. Against a trivial server, on a
+shared 2-core machine, the raw client spent 60 us of CPU per request one at a time and 13 us at
+64 at once; one httpx.AsyncClient spent 590 us and 5 ms (its objects, and its connection pool's
+search, which grows with the connections in use).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from windve.depths import PROBE_TOKENS, DepthSource, probe_rounds
+
+Address = tuple[str, int]
+
+# uvicorn closes a keep-alive connection idle for 5 s: one idle for this long is opened again
+# before a round rather than risk being closed during it.
+IDLE_LIMIT = 2.0
+
+
+class ProbeFailed(RuntimeError):
+    """The HTTP probe got no answer, or an answer other than 200: the caller probes in-process."""
+
+
+class Listening:
+    """Where this process's HTTP server listens, once it does (set by the one-process `windve serve`)."""
+
+    def __init__(self) -> None:
+        self.address: Address | None = None
+        self._bound = asyncio.Event()  # binds to the server's loop on first use
+
+    def bound(self, sockname: tuple) -> None:
+        self.address = loopback(sockname)
+        self._bound.set()
+
+    async def wait(self) -> Address:
+        await self._bound.wait()
+        assert self.address is not None
+        return self.address
+
+
+def loopback(sockname: tuple) -> Address:
+    """Where this host reaches a server listening at `sockname`: a wildcard address on loopback."""
+    host, port = sockname[0], sockname[1]
+    return {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host), port
+
+
+async def probe_over_http(
+    pool: str,
+    address: Address,
+    make_text: Callable[[], str],
+    batch: int,
+    slo: float,
+    api_key: str | None = None,
+) -> DepthSource:
+    """`probe_rounds` through the service's front end at `address`; raises ProbeFailed.
+
+    `make_text()` gives a new text of PROBE_TOKENS tokens at each call. The caller makes sure
+    that the front end admits these requests to `pool` and to no other.
+    """
+    count = batch + 3 + 3 * batch  # probe_rounds' queries: one unmeasured batch, three single ones, three batches
+    client = _Client(address, iter([_request(address, make_text(), api_key) for _ in range(count)]))
+    try:
+        return await probe_rounds(pool, client.round, batch, slo, "http", PROBE_TOKENS)
+    finally:
+        client.close()
+
+
+def exact_length_texts(model_path: Path, tokens: int = PROBE_TOKENS) -> Callable[[], str]:
+    """A maker of random texts that the model's tokenizer turns into exactly `tokens` ids.
+
+    Seeded afresh at each start: replicas sharing a Redis cache must not send each other's texts."""
+    from estimator.http_pool import ExactLengthTexts
+    from windve.tokenizer import load_fast_tokenizer
+
+    texts = ExactLengthTexts(load_fast_tokenizer(model_path), seed=secrets.randbits(64))
+    return lambda: texts.text_of(texts.make_query(tokens))
+
+
+def _request(address: Address, text: str, api_key: str | None) -> bytes:
+    host, port = address
+    body = json.dumps({"inputs": text}).encode()
+    lines = [
+        "POST /embed HTTP/1.1",
+        f"Host: {f'[{host}]' if ':' in host else host}:{port}",
+        "Content-Type: application/json",
+        f"Content-Length: {len(body)}",
+    ]
+    if api_key:
+        lines.append(f"Authorization: Bearer {api_key}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+class _Connection:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+        self.used = time.monotonic()
+
+    def fresh(self, now: float) -> bool:
+        return now - self.used < IDLE_LIMIT and not self.reader.at_eof() and not self.writer.is_closing()
+
+    async def post(self, request: bytes) -> None:
+        """Send one request and read its whole answer; ProbeFailed unless it is a 200."""
+        try:
+            self.writer.write(request)
+            head = await self.reader.readuntil(b"\r\n\r\n")
+            body = await self.reader.readexactly(_content_length(head))
+        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as error:
+            raise ProbeFailed(f"no answer from the front end: {error!r}") from None
+        self.used = time.monotonic()
+        if not head.startswith(b"HTTP/1.1 200 "):
+            status = head.split(b"\r\n", 1)[0].decode(errors="replace")
+            raise ProbeFailed(f"the front end answered {status}: {body[:200].decode(errors='replace')}")
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def _content_length(head: bytes) -> int:
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return int(value)
+    raise ProbeFailed(f"an answer without Content-Length: {head[:200]!r}")
+
+
+class _Client:
+    """Closed-loop rounds of POSTs, each query on a kept-alive connection of its own."""
+
+    def __init__(self, address: Address, requests: Iterator[bytes]) -> None:
+        self.address = address
+        self.requests = requests
+        self.idle: list[_Connection] = []
+
+    async def round(self, concurrency: int) -> float:
+        connections = await self._connections(concurrency)  # before the clock: no connect is timed
+        requests = [next(self.requests) for _ in range(concurrency)]
+        started = time.perf_counter()
+        # Every request ends (answered or failed) before the round does: no stray reads are left.
+        outcomes = await asyncio.gather(*map(_Connection.post, connections, requests), return_exceptions=True)
+        elapsed = time.perf_counter() - started
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        return elapsed
+
+    async def _connections(self, count: int) -> list[_Connection]:
+        now = time.monotonic()
+        kept = [connection for connection in self.idle if connection.fresh(now)]
+        for connection in self.idle:
+            if connection not in kept:
+                connection.close()
+        try:
+            while len(kept) < count:
+                kept.append(_Connection(*await asyncio.open_connection(*self.address)))
+        except OSError as error:
+            raise ProbeFailed(f"cannot connect to {self.address[0]}:{self.address[1]}: {error}") from None
+        finally:
+            self.idle = kept
+        return kept[:count]
+
+    def close(self) -> None:
+        for connection in self.idle:
+            connection.close()
+        self.idle = []
