@@ -15,9 +15,9 @@ The target is the smaller of C* and the tail's own estimate (the level at which 
 proportional to C, would sit at SLO x (1 - headroom)). A step lowers the depth at once when the tail
 misses the SLO (to the target, at most halving per step); drifts it down toward the target, at most
 `up_step` per step, while the tail is inside the SLO but not its headroom; raises it toward the target,
-at most `up_step` per step, while the tail is inside the headroom and the pool was full (elsewhere a
-deeper queue changes nothing and shows nothing). It stays within [1, seed x cap], the seed being the
-calibrated or probed depth.
+at most `up_step` per step, while the tail of the requests admitted at least an SLO ago is inside the
+headroom and the pool was full (elsewhere a deeper queue changes nothing and shows nothing). It stays
+within [1, seed x cap], the seed being the calibrated or probed depth.
 """
 
 from __future__ import annotations
@@ -246,7 +246,19 @@ class DepthController:
         elif tail >= comfortable and target <= depth - below:
             new = max(target, min(depth - 1, math.floor(depth * (1 - settings.up_step))))
             why = f"p99 {tail:.3f} s >= {comfortable:.3f} s; C* = {target}"
-        elif tail < comfortable and target >= min(depth + above, self.ceiling) and target > depth and was_full:
+        elif tail < comfortable and was_full:
+            # Only requests admitted at least an SLO ago may vouch for a rise. Of those admitted
+            # since the move, the ones answered so far are the fast ones; the slow ones are
+            # still running. Judged that early, a cut that had not yet shown looked like room,
+            # and the depth rose again under a tail still over the SLO.
+            aged = [sample for sample in evidence if sample.admitted <= now - settings.slo]
+            if len(aged) < settings.min_samples:
+                return None
+            tail = p99([sample.seconds for sample in aged])
+            loaded = max(sample.concurrency for sample in aged)
+            target = max(1, min(self.ceiling, self.crossing(), math.floor(loaded * comfortable / tail)))
+            if tail >= comfortable or target < min(depth + above, self.ceiling) or target <= depth:
+                return None
             new = min(target, max(depth + 1, math.floor(depth * (1 + settings.up_step))))
             why = f"p99 {tail:.3f} s < {comfortable:.3f} s; C* = {target}"
         else:

@@ -10,6 +10,7 @@ import asyncio
 import json
 import socket
 import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -18,6 +19,7 @@ import uvicorn
 from queue_manager.protocol import Busy, ShuttingDown
 from windve.frontend.gate import OverloadGate
 from windve.frontend.http_protocol import JsonErrorHttpToolsProtocol
+from windve.frontend.pipeline import ARRIVED
 
 
 class Dispatcher:
@@ -36,6 +38,7 @@ class RecordingApp:
         self.dispatcher = Dispatcher()
         self.state = SimpleNamespace(runtime=SimpleNamespace(dispatcher=self.dispatcher))
         self.seen: list[str] = []
+        self.arrived: list[float | None] = []
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -47,6 +50,7 @@ class RecordingApp:
             if not message.get("more_body"):
                 break
         self.seen.append(scope["path"])
+        self.arrived.append(scope.get(ARRIVED))
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
         await send({"type": "http.response.body", "body": b"ok"})
 
@@ -129,6 +133,8 @@ def test_the_same_connection_is_served_once_there_is_room(served):
         sock.sendall(post("/embed", BODY))
         assert read_answers(sock, 1)[0][:1] == (200,)
     assert app.seen == ["/embed"]
+    # Stamped when the protocol began parsing it: the depth control counts the time from there.
+    assert app.arrived[0] is not None and app.arrived[0] <= time.perf_counter()
 
 
 def test_draining_and_http_1_0_close_as_they_should(served):

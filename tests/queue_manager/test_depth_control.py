@@ -125,15 +125,32 @@ def test_the_depth_rises_in_bounded_steps_only_where_the_pool_was_full_and_never
     depth = 10
     feed(controller, clock, depth, 0.1)
     assert controller.step(depth, was_full=False, now=clock.now) is None  # room to spare: no evidence
-    seen = []
-    for _ in range(20):
+    seen, rises = [], [0.0]
+    for _ in range(200):
         move = controller.step(depth, was_full=True, now=clock.now)
         if move:
             assert move.direction == "up" and move.depth <= max(depth + 1, int(depth * 1.1))
+            # A rise waits for answers admitted at least an SLO after the last move (the early
+            # answers at a new depth are its fast ones).
+            assert clock.now - rises[-1] >= SETTINGS.slo
+            rises.append(clock.now)
             depth = move.depth
         seen.append(depth)
         feed(controller, clock, depth, 0.1)
     assert seen[-1] == 20 == controller.ceiling
+
+
+def test_a_cut_is_not_undone_by_the_first_fast_answers_after_it():
+    # After a cut, the requests admitted since and already answered are the fast ones: a rise
+    # judged on them alone would undo the cut while the tail is still over the SLO.
+    clock = Clock()
+    controller = DepthController(SETTINGS, seed=40, now=0.0)
+    feed(controller, clock, 40, 1.2)
+    cut = controller.step(40, was_full=True, now=clock.now)
+    assert cut.direction == "down"
+    for _ in range(5):  # fast answers of requests admitted just now
+        feed(controller, clock, cut.depth, 0.05)
+        assert controller.step(cut.depth, was_full=True, now=clock.now) is None
 
 
 def test_a_step_waits_for_answers_admitted_at_the_depth_in_force():

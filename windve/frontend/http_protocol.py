@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import math
 import sys
+import time
 from http import HTTPStatus
 
 import httptools
@@ -28,10 +29,15 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from windve.frontend.errors import MALFORMED, TOO_LARGE, ApiError
 from windve.frontend.gate import OverloadGate
+from windve.frontend.pipeline import ARRIVED
 
 
 class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
     _refused: tuple[bytes, bytes, bool] | None = None  # (head, body, keep-alive) of a refusal to send
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self.scope[ARRIVED] = time.perf_counter()  # type: ignore[literal-required]
 
     def on_headers_complete(self) -> None:
         if not self._refuse_early():

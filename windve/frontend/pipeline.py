@@ -21,6 +21,7 @@ from windve.frontend.errors import BACKEND, OVERLOADED, TOO_LARGE, UNHEALTHY, VA
 from windve.tokenizer import InputTooLong
 
 INLINE_TOKENIZE_CHARS = 16_384  # below this many characters a request is tokenized on the loop
+ARRIVED = "windve.arrived"  # scope key: time.perf_counter() when the request began to be parsed
 
 
 class ClientGone(Exception):
@@ -53,7 +54,9 @@ class EmbeddingPipeline:
         self, texts: Sequence[str], normalize: bool, truncate: bool | None, request: Request, field: str
     ) -> tuple[np.ndarray, int]:
         """Embeddings [len(texts), dim] and the number of tokens embedded."""
-        arrived = time.perf_counter()
+        # From when the HTTP protocol parsed the request (http_protocol.py stamps it): under load
+        # the handler starts a whole event-loop turn later, and the depth control must count that.
+        arrived = request.scope.get(ARRIVED, time.perf_counter())
         self.check_inputs(texts, field)
         truncate = self.settings.truncate if truncate is None else truncate
         keys = self._cache_keys(texts, normalize, truncate)
