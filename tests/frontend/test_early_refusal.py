@@ -25,6 +25,10 @@ from windve.frontend.pipeline import ARRIVED
 class Dispatcher:
     def __init__(self) -> None:
         self.full: Exception | None = Busy(retry_after=2.4)
+        self.health = "ok"
+
+    def status(self) -> dict:
+        return {"status": self.health}
 
     def check_room(self, wanted: int) -> None:
         if self.full is not None:
@@ -36,7 +40,7 @@ class RecordingApp:
 
     def __init__(self) -> None:
         self.dispatcher = Dispatcher()
-        self.state = SimpleNamespace(runtime=SimpleNamespace(dispatcher=self.dispatcher))
+        self.state = SimpleNamespace(runtime=SimpleNamespace(dispatcher=self.dispatcher), startup_error=None)
         self.seen: list[str] = []
         self.arrived: list[float | None] = []
 
@@ -174,3 +178,26 @@ def test_the_asgi_gate_sends_the_same_bytes(served):
     asyncio.run(gate(scope, receive, send))
     assert sent[0]["status"] == 429 and dict(sent[0]["headers"])[b"retry-after"] == b"3"
     assert json.loads(sent[1]["body"])["error_type"] == "overloaded" and app.seen == []
+
+
+def get(path: str, method: str = "GET") -> bytes:
+    return f"{method} {path} HTTP/1.1\r\nHost: t\r\n\r\n".encode()
+
+
+def test_health_is_answered_by_the_protocol_as_the_route_would(served):
+    app, port = served
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(get("/health") + get("/"))
+        answers = read_answers(sock, 2)
+        app.dispatcher.health = "unhealthy"
+        sock.sendall(get("/health"))
+        answers += read_answers(sock, 1)
+        sock.sendall(get("/health", "HEAD"))
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += sock.recv(4096)
+    assert [(status, json.loads(body)) for status, _, body in answers] == [
+        (200, {"status": "ok"}), (200, {"status": "ok"}), (503, {"status": "unhealthy"})
+    ]  # fmt: skip
+    assert data.startswith(b"HTTP/1.1 503 ") and data.endswith(b"\r\n\r\n")  # HEAD: no body
+    assert app.seen == []  # no request task, no app

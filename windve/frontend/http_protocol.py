@@ -5,7 +5,10 @@ A request the HTTP parser cannot read never reaches the app: uvicorn answers it 
 overflow") is one: it is answered here as the 413 the app gives any body over its limit, and the
 others as a 400, both in the shape of the API the request's path belongs to.
 
-It also answers BUSY itself. Under a storm of clients that re-ask at once, most requests are
+It also answers /health itself, from the dispatcher's state and without a request task, so that a
+probe waits for no more than the event loop's current turn.
+
+And it answers BUSY itself. Under a storm of clients that re-ask at once, most requests are
 refusals, and each one that goes through a request task, the ASGI stack and a fresh Response
 costs the event loop about twice what the refusal needs; the loop that also delivers the
 admitted requests' answers then falls behind by a whole turn of refusals. When the overload
@@ -27,26 +30,48 @@ from http import HTTPStatus
 import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from windve.frontend.errors import MALFORMED, TOO_LARGE, ApiError
+from windve.frontend.errors import MALFORMED, TOO_LARGE, ApiError, json_response
 from windve.frontend.gate import OverloadGate
 from windve.frontend.pipeline import ARRIVED
+from windve.frontend.routes import health_answer
+
+HEALTH_PATHS = ("/health", "/")  # GET / is /health too, as TEI answers it
 
 
 class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
-    _refused: tuple[bytes, bytes, bool] | None = None  # (head, body, keep-alive) of a refusal to send
+    # (head, body, keep-alive) of an answer to send once the request is read: a refusal, or /health's.
+    _refused: tuple[bytes, bytes, bool] | None = None
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self.scope[ARRIVED] = time.perf_counter()  # type: ignore[literal-required]
 
     def on_headers_complete(self) -> None:
-        if not self._refuse_early():
+        if not (self._health_early() or self._refuse_early()):
             super().on_headers_complete()
 
+    def _health_early(self) -> bool:
+        method = self.parser.get_method()
+        if method not in (b"GET", b"HEAD") or _path(self.url) not in HEALTH_PATHS or not self._may_answer_early():
+            return False
+        gate = _gate_of(self.app)
+        if gate is None:
+            return False
+        body, status = health_answer(gate.state)
+        response = json_response(body, status)
+        head = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\n".encode()]
+        head += [name + b": " + value + b"\r\n" for name, value in response.raw_headers]
+        keep_alive = self.parser.get_http_version() != "1.0" and self.parser.should_keep_alive()
+        self._refused = (b"".join(head), b"" if method == b"HEAD" else response.body, keep_alive)
+        return True
+
+    def _may_answer_early(self) -> bool:
+        # A pipelined request behind one still running: the normal queue keeps the order.
+        running = self.cycle is not None and not self.cycle.response_complete
+        return not (running or self.expect_100_continue or self.parser.should_upgrade())
+
     def _refuse_early(self) -> bool:
-        if self.cycle is not None and not self.cycle.response_complete:
-            return False  # a pipelined request behind one still running: the normal queue keeps order
-        if self.expect_100_continue or self.parser.get_method() != b"POST" or self.parser.should_upgrade():
+        if self.parser.get_method() != b"POST" or not self._may_answer_early():
             return False
         gate = _gate_of(self.app)
         if gate is None:

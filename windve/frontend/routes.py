@@ -227,14 +227,20 @@ async def model_by_id(request: Request, model_id: str) -> Response:
 )
 @router.api_route("/", methods=["GET", "HEAD"], summary="Same as /health, at the root where TEI answers it")
 async def health(request: Request) -> Response:
-    """From the dispatcher's board (or its in-process state): never waits behind embedding work."""
-    state = _state(request)
+    """From the dispatcher's board (or its in-process state): never waits behind embedding work.
+    Under uvicorn the HTTP protocol answers it before this route (http_protocol.py), alike."""
+    body, status = health_answer(_state(request))
+    return json_response(body, status)
+
+
+def health_answer(state) -> tuple[dict, int]:
+    """/health's body and status from the app's state (app.state)."""
     if state.startup_error:
-        return json_response({"status": "failed", "error": state.startup_error}, 503)
+        return {"status": "failed", "error": state.startup_error}, 503
     if state.runtime is None:
-        return json_response({"status": "starting"}, 503)
+        return {"status": "starting"}, 503
     status = state.runtime.dispatcher.status()
-    return json_response(status, 200 if status["status"] in ("ok", "degraded") else 503)
+    return status, 200 if status["status"] in ("ok", "degraded") else 503
 
 
 @router.get("/info", summary="Model, devices, pools, queue depths, SLO, version")
