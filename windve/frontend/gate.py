@@ -17,9 +17,8 @@ from windve.frontend import metrics
 from windve.frontend.errors import ApiError
 from windve.frontend.pipeline import refusal
 
-# Embedding routes and their metric label and error shape (TEI's or OpenAI's).
-GATED = {"/embed": ("embed", "tei"), "/": ("embed", "tei"), "/v1/embeddings": ("openai", "openai"),
-         "/embeddings": ("openai", "openai")}  # fmt: skip
+# Embedding routes and their metric label; the error's shape (TEI's or OpenAI's) follows from the path.
+GATED = {"/embed": "embed", "/": "embed", "/v1/embeddings": "openai", "/embeddings": "openai"}
 SMALL_BODY = 64 * 1024  # larger bodies go the normal way: the server must read them to keep the connection
 
 
@@ -38,27 +37,24 @@ class OverloadGate:
         if scope["type"] == "http" and scope["method"] == "POST":
             refused = self.refusal(scope["path"], scope["headers"])
             if refused is not None:
-                error, shape = refused
-                answer = error.tei_response() if shape == "tei" else error.openai_response()
-                await answer(scope, receive, send)
+                await refused.response_for(scope["path"])(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
-    def refusal(self, path: str, headers) -> tuple[ApiError, str] | None:
-        """The 429 / 503 and its shape ("tei" or "openai") for a POST to `path` that the dispatcher
-        has no room for, counted in the metrics; None to let the request through."""
-        gated = GATED.get(path)
+    def refusal(self, path: str, headers) -> ApiError | None:
+        """The 429 / 503 for a POST to `path` that the dispatcher has no room for, counted in the
+        metrics (answer it with `error.response_for(path)`); None to let the request through."""
+        route = GATED.get(path)
         front_end = self.app.state.runtime
-        if gated is None or front_end is None or not _small(headers):
+        if route is None or front_end is None or not _small(headers):
             return None
         try:
             front_end.dispatcher.check_room(1)
             return None
         except (Busy, Unavailable) as exc:
             error = refusal(exc)
-        route, shape = gated
         _count(route, error)
-        return error, shape
+        return error
 
 
 @functools.lru_cache(maxsize=64)

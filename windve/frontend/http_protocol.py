@@ -28,6 +28,7 @@ import time
 from http import HTTPStatus
 
 import httptools
+from starlette.responses import Response
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from windve.frontend.errors import MALFORMED, TOO_LARGE, ApiError, json_response
@@ -57,13 +58,13 @@ class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
         gate = _gate_of(self.app)
         if gate is None:
             return False
-        body, status = health_answer(gate.state)
-        response = json_response(body, status)
-        head = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\n".encode()]
-        head += [name + b": " + value + b"\r\n" for name, value in response.raw_headers]
-        keep_alive = self.parser.get_http_version() != "1.0" and self.parser.should_keep_alive()
-        self._refused = (b"".join(head), b"" if method == b"HEAD" else response.body, keep_alive)
+        response = json_response(*health_answer(gate.state))
+        body = b"" if method == b"HEAD" else response.body
+        self._refused = (_status_and_headers(response), body, self._keep_alive())
         return True
+
+    def _keep_alive(self) -> bool:
+        return self.parser.get_http_version() != "1.0" and self.parser.should_keep_alive()
 
     def _may_answer_early(self) -> bool:
         # A pipelined request behind one still running: the normal queue keeps the order.
@@ -77,14 +78,12 @@ class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
         if gate is None:
             return False
         path = _path(self.url)
-        refused = gate.refusal(path, self.headers)
-        if refused is None:
+        error = gate.refusal(path, self.headers)
+        if error is None:
             return False
-        error, shape = refused
-        keep_alive = self.parser.get_http_version() != "1.0" and self.parser.should_keep_alive()
         # Retry-After is whole seconds on the wire: key the cache by what is sent.
         retry = None if error.retry_after is None else max(1, math.ceil(error.retry_after))
-        self._refused = (*_rendered(error.status, error.message, error.error_type, retry, shape), keep_alive)
+        self._refused = (*_rendered(error.status, error.message, error.error_type, retry, path), self._keep_alive())
         return True
 
     def on_body(self, body: bytes) -> None:
@@ -99,22 +98,21 @@ class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
         self._refused = None
         if self.transport.is_closing():
             return
-        defaults = b"".join(name + b": " + value + b"\r\n" for name, value in self.server_state.default_headers)
-        closing = b"" if keep_alive else b"connection: close\r\n"
-        self.transport.write(head + defaults + closing + b"\r\n" + body)
-        if not keep_alive:
-            self.transport.close()
+        self._write(head, body, keep_alive)
         self.on_response_complete()  # uvicorn's own bookkeeping: pipelined requests, keep-alive timer
 
     def send_400_response(self, msg: str) -> None:
         # uvicorn calls this while handling the parser's exception, which says what was wrong.
         response = parse_error(sys.exception(), msg).response_for(_path(self.url))
-        head = [f"HTTP/1.1 {response.status_code} {HTTPStatus(response.status_code).phrase}\r\n".encode()]
-        head += [name + b": " + value + b"\r\n" for name, value in self.server_state.default_headers]
-        head += [name + b": " + value + b"\r\n" for name, value in response.raw_headers]
-        head.append(b"connection: close\r\n\r\n")
-        self.transport.write(b"".join(head) + response.body)
-        self.transport.close()
+        self._write(_status_and_headers(response), response.body, keep_alive=False)
+
+    def _write(self, head: bytes, body: bytes, keep_alive: bool) -> None:
+        """An answer built here: its status line and own headers, the server's, then the body."""
+        defaults = b"".join(name + b": " + value + b"\r\n" for name, value in self.server_state.default_headers)
+        closing = b"" if keep_alive else b"connection: close\r\n"
+        self.transport.write(head + defaults + closing + b"\r\n" + body)
+        if not keep_alive:
+            self.transport.close()
 
 
 def parse_error(exc: BaseException | None, fallback: str) -> ApiError:
@@ -130,14 +128,17 @@ def parse_error(exc: BaseException | None, fallback: str) -> ApiError:
 
 
 @functools.lru_cache(maxsize=64)
-def _rendered(status: int, message: str, error_type: str, retry_after: int | None, shape: str) -> tuple[bytes, bytes]:
+def _rendered(status: int, message: str, error_type: str, retry_after: int | None, path: str) -> tuple[bytes, bytes]:
     """The status line and own headers, and the body, of a refusal: the same bytes the ASGI gate
     sends (rendered by it once per distinct answer)."""
-    error = ApiError(status, message, error_type, retry_after=retry_after)
-    response = error.tei_response() if shape == "tei" else error.openai_response()
+    response = ApiError(status, message, error_type, retry_after=retry_after).response_for(path)
+    return _status_and_headers(response), response.body
+
+
+def _status_and_headers(response: Response) -> bytes:
     head = [f"HTTP/1.1 {response.status_code} {HTTPStatus(response.status_code).phrase}\r\n".encode()]
     head += [name + b": " + value + b"\r\n" for name, value in response.raw_headers]
-    return b"".join(head), response.body
+    return b"".join(head)
 
 
 @functools.lru_cache(maxsize=8)
