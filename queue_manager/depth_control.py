@@ -230,14 +230,8 @@ class DepthController:
         evidence = [sample for sample in self.recent if sample.admitted >= self.changed_at]
         if len(evidence) < settings.min_samples:
             return None
-        tail = p99([sample.seconds for sample in evidence])
         comfortable = settings.slo * (1 - settings.headroom)
-        # The tail's own answer, taking t about proportional to C: the level whose tail would sit at
-        # the SLO less headroom. It holds where the fit cannot: a saturated pool is admitted at one
-        # level only, and the fit then mixes that level's old and new speed into a flat line.
-        loaded = max(sample.concurrency for sample in evidence)
-        by_tail = math.floor(loaded * comfortable / tail) if tail > 0 else self.ceiling
-        target = max(1, min(self.ceiling, self.crossing(), by_tail))
+        tail, target = self._judge(evidence, comfortable)
         below = max(1, round(depth * settings.band_below))
         above = max(1, round(depth * settings.band_above))
         if tail > settings.slo:
@@ -254,9 +248,7 @@ class DepthController:
             aged = [sample for sample in evidence if sample.admitted <= now - settings.slo]
             if len(aged) < settings.min_samples:
                 return None
-            tail = p99([sample.seconds for sample in aged])
-            loaded = max(sample.concurrency for sample in aged)
-            target = max(1, min(self.ceiling, self.crossing(), math.floor(loaded * comfortable / tail)))
+            tail, target = self._judge(aged, comfortable)
             if tail >= comfortable or target < min(depth + above, self.ceiling) or target <= depth:
                 return None
             new = min(target, max(depth + 1, math.floor(depth * (1 + settings.up_step))))
@@ -269,6 +261,17 @@ class DepthController:
         self.reason = why
         self.changed_at = now
         return Move(new, "up" if new > depth else "down", why)
+
+    def _judge(self, samples: list[Sample], comfortable: float) -> tuple[float, int]:
+        """The samples' p99, and the depth to aim at: the smaller of C* and the tail's own answer.
+
+        The tail's own answer takes t about proportional to C: the level whose tail would sit at
+        `comfortable`. It holds where the fit cannot: a saturated pool is admitted at one level
+        only, and the fit then mixes that level's old and new speed into a flat line."""
+        tail = p99([sample.seconds for sample in samples])
+        loaded = max(sample.concurrency for sample in samples)
+        by_tail = math.floor(loaded * comfortable / tail) if tail > 0 else self.ceiling
+        return tail, max(1, min(self.ceiling, self.crossing(), by_tail))
 
     def snapshot(self, now: float) -> dict:
         fit = self.current_fit

@@ -303,3 +303,13 @@ def test_the_simulation_is_deterministic(adaptive):
     scenario, record = adaptive
     again = run_scenario(scenario, "adaptive")
     assert (again.answers, again.refused, again.depths) == (record.answers, record.refused, record.depths)
+
+
+def test_answers_that_took_no_time_let_the_depth_rise_without_dividing_by_zero():
+    # A virtual clock can report 0 s answers; the tail then points at the ceiling.
+    clock = Clock()
+    controller = DepthController(SETTINGS, seed=10, now=0.0)
+    feed(controller, clock, 10, 0.0)
+    clock.now += SETTINGS.slo
+    move = controller.step(10, was_full=True, now=clock.now)
+    assert move is not None and move.direction == "up" and move.depth == 11
