@@ -137,9 +137,8 @@ class QueueManager:
             task.cancel()
         for pool in self.pools:
             for slot in pool.instances:
-                for task in [slot.task, *slot.batch_tasks]:
-                    if task is not None:
-                        task.cancel()
+                for task in slot.tasks():
+                    task.cancel()
         for request in self._backlog.clear():
             request.fail(QueryFailed("the service is shutting down"))
         for pool in self.pools:
@@ -522,8 +521,7 @@ class QueueManager:
         """The instance failed: stop its batcher and batches, move their queries, restart it."""
         batches, slot.running, slot.in_batch = slot.running, [], 0
         slot.generation += 1
-        tasks = [slot.task, *slot.batch_tasks] if slot.task is not None else list(slot.batch_tasks)
-        for task in tasks:
+        for task in slot.tasks():
             if task is not asyncio.current_task():
                 task.cancel()
         computing = batches[0] if batches else []

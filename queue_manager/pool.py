@@ -144,6 +144,10 @@ class InstanceSlot:
     def load(self) -> int:
         return len(self.queue) + self.in_batch
 
+    def tasks(self) -> list[asyncio.Task]:
+        """The batcher and the batches it has running."""
+        return [task for task in (self.task, *self.batch_tasks) if task is not None]
+
     @property
     def pipeline(self) -> int:
         """Batches the instance takes at once (protocol.Instance.pipeline; 1 when it says nothing)."""

@@ -250,11 +250,14 @@ class CpuWorkerInstance:
     def _send_batch(self, sequences: Sequence[np.ndarray]) -> list[int]:
         """Write the batch (in chunks if it would not fit the shared input buffer) to rank 0; the
         request ids to wait for. Blocks only while rank 0's pipe is full (it computes)."""
-        if self._failure is not None:
-            raise InstanceFailed(f"instance {self.name} is down ({self._failure}); restart it")
+        self._check_running()
         if not sequences:
             return []
         return [self._send(chunk) for chunk in self._chunks(sequences)]
+
+    def _check_running(self) -> None:
+        if self._failure is not None:
+            raise InstanceFailed(f"instance {self.name} is down ({self._failure}); restart it")
 
     def _receive_batch(self, ids: list[int]) -> list[np.ndarray]:
         return [self._receive(request_id) for request_id in ids]
@@ -278,8 +281,7 @@ class CpuWorkerInstance:
 
     def _send(self, sequences: Sequence[np.ndarray]) -> int:
         with self._send_lock:
-            if self._failure is not None:
-                raise InstanceFailed(f"instance {self.name} is down ({self._failure}); restart it")
+            self._check_running()
             self._request_id += 1
             request_id = self._request_id
             try:
@@ -296,8 +298,7 @@ class CpuWorkerInstance:
                 if message is not None:
                     self.last_compute_seconds = wire.result_compute_seconds(message)
                     return wire.decode_result(message)
-                if self._failure is not None:
-                    raise InstanceFailed(f"instance {self.name} is down ({self._failure}); restart it")
+                self._check_running()
                 rank, message = self._next_message(deadline, "embedding", self.batch_timeout)
                 kind, answered = wire.message_kind(message)
                 if kind == wire.RESULT:
