@@ -23,6 +23,7 @@ search, which grows with the connections in use).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import secrets
 import time
@@ -78,8 +79,8 @@ async def probe_over_http(
     `make_text()` gives a new text of PROBE_TOKENS tokens at each call. The caller makes sure
     that the front end admits these requests to `pool` and to no other.
     """
-    count = batch + 3 + 3 * batch  # probe_rounds' queries: one unmeasured batch, three single ones, three batches
-    client = _Client(address, iter([_request(address, make_text(), api_key) for _ in range(count)]))
+    # As many as probe_rounds asks for; each round encodes its requests before its clock starts.
+    client = _Client(address, (_request(address, make_text(), api_key) for _ in itertools.count()))
     try:
         return await probe_rounds(pool, client.round, batch, slo, "http", PROBE_TOKENS)
     finally:

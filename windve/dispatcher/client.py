@@ -123,7 +123,7 @@ class RemoteDispatcher:
         self.board = StateBoard(board_path)
         self._context = zmq.asyncio.Context()
         self._socket = self._context.socket(zmq.DEALER)
-        self._socket.setsockopt(zmq.IDENTITY, f"fe-{os.getpid()}".encode())
+        self._socket.setsockopt(zmq.IDENTITY, messages.front_end_identity(os.getpid()))
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.connect(address)
         self._ids = itertools.count(1)

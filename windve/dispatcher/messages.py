@@ -42,3 +42,8 @@ def sequences_from_frames(lengths_frame, ids_frame) -> list[np.ndarray]:
 def vectors_from_frame(frame, count: int, dim: int) -> np.ndarray:
     """A writable float32 [count, dim] copy: the front end normalizes it in place."""
     return np.frombuffer(frame, dtype=np.float32, count=count * dim).reshape(count, dim).copy()
+
+
+def front_end_identity(pid: int) -> bytes:
+    """A front end's ZMQ identity: the dispatcher knows its front ends' messages by their pids."""
+    return f"fe-{pid}".encode()

@@ -47,6 +47,7 @@ class DispatcherServer:
         self._pending: dict[tuple[bytes, int], Request] = {}
         self._tasks: list[asyncio.Task] = []
         self.serving: set[bytes] = set()  # front ends that said they answer /embed (for the warm-up probe)
+        self.serving_changed = asyncio.Event()  # set when one says so
 
     def start(self) -> None:
         self._tasks = [
@@ -125,6 +126,7 @@ class DispatcherServer:
             self._send(client, {"id": request_id, "status": messages.OK}, generate_latest())
         elif op == messages.SERVING:
             self.serving.add(client)
+            self.serving_changed.set()
 
     def _embed(self, client: bytes, request_id: int, header: dict, payload: list) -> None:
         runtime = self._runtime()

@@ -13,6 +13,7 @@ exits, then the engines stop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import shutil
@@ -23,6 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from windve.dispatcher import messages
 from windve.dispatcher.board import StateBoard
 from windve.dispatcher.server import DispatcherServer
 from windve.probe import loopback
@@ -105,11 +107,14 @@ class Supervisor:
     async def _front_ends_serve(self, server: DispatcherServer) -> None:
         """Until every front end answers /embed: the kernel hands the probe's connections to any of them."""
         deadline = time.monotonic() + FRONT_ENDS_START_SECONDS
-        while time.monotonic() < deadline:
+        while (remaining := deadline - time.monotonic()) > 0:
+            server.serving_changed.clear()
             pids = self._front_end_pids()
-            if len(pids) == self.workers and all(f"fe-{pid}".encode() in server.serving for pid in pids):
+            if len(pids) == self.workers and all(messages.front_end_identity(pid) in server.serving for pid in pids):
                 return
-            await asyncio.sleep(0.05)  # polling what other processes change, bounded by the deadline
+            # A front end that says it serves wakes this; one that dies is replaced by one that will.
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(server.serving_changed.wait(), remaining)
         log.warning("not every front end serves after %.0f s: probing through those that do", FRONT_ENDS_START_SECONDS)
 
     def _front_end_pids(self) -> list[int]:
@@ -154,7 +159,7 @@ class Supervisor:
             code = await process.wait()
             if self.stopping:
                 return
-            cancelled = server.forget_client(f"fe-{process.pid}".encode())
+            cancelled = server.forget_client(messages.front_end_identity(process.pid))
             _mark_metrics_dead(process.pid, workdir / "metrics")
             failures += 1
             delay = RESTART_BACKOFF[min(failures - 1, len(RESTART_BACKOFF) - 1)]
