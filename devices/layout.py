@@ -2,9 +2,14 @@
 
 Reserved service cores (HTTP, tokenization, accelerator feeding threads), lowest CPU ids first,
 whole physical cores (SMT siblings together), counted among the usable CPUs only:
-- with an accelerator in the plan: the first NUMA node that has usable CPUs when there are
-  several such nodes, else a quarter of the physical cores (at least one), so that CPU offload
-  cannot starve the accelerator's host path;
+- with an accelerator in the plan and no CPU pool (heterogeneous off): every usable core, as
+  nothing else would use them and the host path (HTTP, tokenizing) is what limits a GPU;
+- with an accelerator and a CPU pool: the first NUMA node that has usable CPUs when there are
+  several such nodes, else half of the physical cores (at least one), so that CPU offload
+  cannot starve the accelerator's host path. Measured on an H100 host (bench/SERVED.md): one
+  front-end process spends ~0.6 ms of CPU per 75-token request, so feeding a bge-large-shaped
+  encoder at its ~9,000 queries/s takes five to six cores, while those cores would add tens of
+  queries/s as a CPU pool;
 - without one: 1/16 of the physical cores (at least one), and none below
   SMALL_MACHINE_CORES physical cores, where every reserved core would be a large share of
   the CPU pool and the service's few threads can share cores with the instances.
@@ -30,7 +35,7 @@ from devices.topology import CpuTopology
 
 SMALL_MACHINE_CORES = 8  # fewer usable physical cores and no accelerator: reserve none
 CPU_ONLY_SHARE = 16  # without an accelerator, reserve 1/16 of the physical cores
-ACCELERATOR_SHARE = 4  # with one on a single node, reserve a quarter
+ACCELERATOR_SHARE = 2  # with one and a CPU pool on a single node, reserve half
 ACCELERATOR_NAMES = {"cuda": "CUDA GPU", "npu": "Ascend NPU"}
 
 
@@ -48,10 +53,16 @@ def choose_accelerators(hardware: Hardware, device: str) -> tuple[Accelerator, .
     return found
 
 
-def auto_reserved(topology: CpuTopology, *, with_accelerator: bool) -> tuple[tuple[int, ...], str]:
-    """The reservation rule: (reserved CPUs, a note saying which rule chose them)."""
+def auto_reserved(
+    topology: CpuTopology, *, with_accelerator: bool, cpu_pool: bool = True
+) -> tuple[tuple[int, ...], str]:
+    """The reservation rule: (reserved CPUs, a note saying which rule chose them).
+
+    `cpu_pool`: whether the plan keeps a CPU pool beside the accelerators (heterogeneous on)."""
     cores = topology.physical_cores(topology.usable)
-    if with_accelerator:
+    if with_accelerator and not cpu_pool:
+        take, rule = len(cores), "every core: accelerator present, no CPU pool"
+    elif with_accelerator:
         nodes = topology.cpu_nodes
         if len(nodes) > 1:
             first = nodes[0]
@@ -59,7 +70,7 @@ def auto_reserved(topology: CpuTopology, *, with_accelerator: bool) -> tuple[tup
                 f"reserved NUMA node {first.id} (CPUs {format_cpulist(first.usable)}) for the service and "
                 f"accelerator feeding ({len(nodes)} nodes, accelerator present)"
             )
-        take, rule = max(1, len(cores) // ACCELERATOR_SHARE), "a quarter of the physical cores, accelerator present"
+        take, rule = max(1, len(cores) // ACCELERATOR_SHARE), "half of the physical cores, accelerator present"
     elif len(cores) < SMALL_MACHINE_CORES:
         return (), f"no reserved cores: {len(cores)} physical cores (< {SMALL_MACHINE_CORES}) and no accelerator"
     else:

@@ -59,7 +59,9 @@ def make_plan(
     else:
         accelerators = layout.choose_accelerators(hardware, device)
         if reserved_cores is None:
-            reserved, reason = layout.auto_reserved(topology, with_accelerator=bool(accelerators))
+            reserved, reason = layout.auto_reserved(
+                topology, with_accelerator=bool(accelerators), cpu_pool=heterogeneous
+            )
             notes.append(reason)
         else:
             reserved = layout.checked_cores(topology, reserved_cores, "reserved_cores")

@@ -18,7 +18,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -71,15 +71,17 @@ class Runtime:
     # ---- construction ----------------------------------------------------------------
 
     @classmethod
-    async def start(cls, settings: Settings, *, probe_later: bool = False) -> "Runtime":
+    async def start(
+        cls, settings: Settings, *, probe_later: bool = False, allowed_cpus: Iterable[int] | None = None
+    ) -> "Runtime":
         """Load the model, plan the devices, start every instance, set the queue depths.
 
         With `probe_later`, pools that need the warm-up probe get provisional depths: the runtime
         accepts queries but is not ready until the caller, once its front end listens, has called
-        `finish_start`."""
+        `finish_start`. `allowed_cpus`: the CPUs to plan over (default: this process's affinity)."""
         spec = load_spec(settings)
         tokenizer = TextTokenizer(spec, settings.max_input_tokens)
-        hardware = devices.detect_hardware(settings.sysfs_root)
+        hardware = devices.detect_hardware(settings.sysfs_root, allowed_cpus=allowed_cpus)
         plan = make_plan(settings, hardware)
         log.info("device plan:\n%s", devices.render_plan(plan, hardware.topology.is_arm))
         instances = {
@@ -220,7 +222,11 @@ class Runtime:
         return None
 
     def _probe_batch(self, pool: str) -> int:
-        return self.settings.max_batch_size * len(self.instances[pool])
+        """A full batch of probe queries per instance, as the pool's batch limits form them: on an
+        accelerator the token budget's worth (218 at 16,384 tokens), not the CPU pool's 32, whose
+        batches are launch-bound on a GPU and would read its drain rate at a third."""
+        queries, tokens = batch_limits(self.settings, pool)
+        return max(1, min(queries, tokens // PROBE_TOKENS)) * len(self.instances[pool])
 
     async def _probe(self, pool: str, address: Address | None) -> DepthSource:
         """The warm-up probe over HTTP where the front end listens, else (or if that fails) in-process."""

@@ -133,8 +133,8 @@ CASES = [
     ),
     (
         "container one node+gpu",
-        "xeon2s", "0-3", (V100,), "per-node", "0",
-        {"accelerator": [("cuda:0", (0,), (0,), 1, 1)], "cpu": [("cpu", (1, 2, 3), (0,), 1, 3)]},
+        "xeon2s", "0-3", (V100,), "per-node", "0-1",
+        {"accelerator": [("cuda:0", (1,), (0,), 1, 1)], "cpu": [("cpu", (2, 3), (0,), 1, 2)]},
     ),
     (
         "container on arm",
@@ -204,10 +204,18 @@ def test_heterogeneous_rules(hardware_for, accelerators, heterogeneous, pools, m
 
 
 def test_accelerator_without_cpu_cores_left_is_one_kind(hardware_for) -> None:
-    # One allowed CPU: the quarter rule reserves it, so no CPU pool can exist.
+    # One allowed CPU: the half rule reserves it, so no CPU pool can exist.
     plan = make_plan(hardware_for("xeon2s", (V100,), allowed="5"), heterogeneous=True)
     assert [pool.name for pool in plan.pools] == ["accelerator"]
     assert plan.heterogeneous is False and plan.reserved_cores == (5,)
+
+
+@pytest.mark.parametrize(("allowed", "reserved"), [("0-3", (0, 1, 2, 3)), (None, tuple(range(48)))])
+def test_accelerator_without_cpu_pool_reserves_every_core_for_its_host_path(hardware_for, allowed, reserved) -> None:
+    plan = make_plan(hardware_for("xeon2s", (V100,), allowed=allowed), heterogeneous=False)
+    assert [pool.name for pool in plan.pools] == ["accelerator"]
+    assert plan.reserved_cores == reserved
+    assert any("no CPU pool" in note for note in plan.notes)
 
 
 def test_device_cpu_ignores_accelerators_and_uses_cpu_reservation(hardware_for) -> None:

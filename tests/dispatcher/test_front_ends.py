@@ -168,3 +168,28 @@ def test_sigterm_drains_every_process(tmp_path):
     while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
         time.sleep(0.05)  # children are reaped by now or very soon; bounded poll
     assert not [pid for pid in children if _alive(pid)]
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs: one to serve on, one for the engine")
+def test_engines_are_planned_over_every_cpu_not_only_the_service_cores(tmp_path):
+    """The parent moves onto the service cores before it starts the engines; planned from there,
+    every engine was squeezed onto those cores (on a 16-core GPU host: three of them)."""
+    service, engine = sorted(os.sched_getaffinity(0))[:2]
+    config = write_plan_config(
+        tmp_path,
+        [{"pool": "accelerator", "device": "cpu", "cores": [engine]}],
+        reserved_cores=[service],
+        accelerator_depth=ACC_DEPTH,
+        depth_control="static",
+        dtype="fp32",
+    )
+    server = start_server(tmp_path, "--config", config, "--cache-size", "0", "--http-workers", "2")
+    try:
+        info = _info(server)
+        assert engine in info["hardware"]["cpu"]["usable"] and service in info["hardware"]["cpu"]["usable"]
+        assert info["pools"][0]["instances"][0]["ranks"][0]["affinity"] == [engine]
+        for pid in [server.process.pid, *info["dispatcher"]["front_ends"]]:
+            assert os.sched_getaffinity(pid) == {service}
+        assert _embed(server.url, ["planned over both cores"]).status_code == 200
+    finally:
+        server.stop()

@@ -49,6 +49,7 @@ class Supervisor:
         self.failed: str | None = None
         self._fronts: dict[int, asyncio.subprocess.Process] = {}
         self._stop = asyncio.Event()
+        self.allowed_cpus: frozenset[int] | None = None
 
     def run(self) -> int:
         return asyncio.run(self._main())
@@ -57,6 +58,9 @@ class Supervisor:
         workdir = Path(tempfile.mkdtemp(prefix="windve-"))
         listener = socket.create_server((self.settings.host, self.settings.port), backlog=4096)
         listener.set_inheritable(True)
+        # The engines are planned over the CPUs this process had before it moved onto the service
+        # cores: planned after the move, every engine would be squeezed onto those few cores.
+        self.allowed_cpus = frozenset(os.sched_getaffinity(0))
         if self.cores:
             os.sched_setaffinity(0, self.cores)
         (workdir / "settings.json").write_text(self.settings.model_dump_json())
@@ -91,7 +95,7 @@ class Supervisor:
     async def _start_engines(self, server: DispatcherServer, address: tuple[str, int]) -> None:
         try:
             # Accepting (the probe's requests reach it through the front ends) but not ready yet.
-            self.runtime = await Runtime.start(self.settings, probe_later=True)
+            self.runtime = await Runtime.start(self.settings, probe_later=True, allowed_cpus=self.allowed_cpus)
             if not self.runtime.ready:
                 await self._front_ends_serve(server)
                 await self.runtime.finish_start(address)
