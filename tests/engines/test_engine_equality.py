@@ -79,3 +79,32 @@ def test_pad_batch_masks_padding():
     ids, mask = pad_batch([np.array([101, 7, 102]), np.array([101, 102])])
     assert ids.tolist() == [[101, 7, 102], [101, 102, 0]]
     assert mask.tolist() == [[1, 1, 1], [1, 1, 0]]
+
+
+def test_shape_buckets_pad_rows_and_tokens_to_the_step_and_mask_the_padding():
+    from windve.engines.torch_engine import bucketed
+
+    ids = np.arange(1, 5 * 13 + 1, dtype=np.int64).reshape(5, 13)
+    mask = np.ones_like(ids)
+    mask[2, 9:] = 0
+    padded_ids, padded_mask = bucketed(ids, mask, 8)
+    assert padded_ids.shape == padded_mask.shape == (8, 16)
+    assert (padded_ids[:5, :13] == ids).all() and (padded_mask[:5, :13] == mask).all()
+    assert not padded_mask[:5, 13:].any()
+    # A padding row attends to one token: never a row with nothing to attend to.
+    assert (padded_mask[5:].sum(1) == 1).all()
+    same_ids, same_mask = bucketed(padded_ids, padded_mask, 8)
+    assert same_ids is padded_ids and same_mask is padded_mask
+
+
+def test_a_bucketed_batch_embeds_as_the_exact_one(model_spec):
+    """What an accelerator engine does (rows and tokens padded to 8), on the CPU: same vectors."""
+    batch = pad_batch(TextTokenizer(model_spec).encode(TEXTS[:4], truncate=True))  # 4 rows, 19 tokens
+    assert batch[0].shape[0] % 8 and batch[0].shape[1] % 8  # the bucket really pads both ways
+    instance = create_engine(model_spec, "torch", "cpu", "fp32")
+    assert instance.shape_step == 1  # a CPU keeps exact shapes
+    exact = instance.embed(*batch)
+    instance.shape_step = 8
+    padded = instance.embed(*batch)
+    assert padded.shape == exact.shape
+    np.testing.assert_allclose(padded, exact, rtol=0, atol=2e-5)

@@ -1,6 +1,14 @@
 """Device-agnostic torch engine: the same code on cpu, cuda:N and npu:N.
 
 The encoder comes from transformers; pooling and the Dense layers are windve.engines.head's.
+
+On accelerators a batch is padded to a multiple of SHAPE_STEP rows and tokens. The queue manager
+forms batches of any size and length, and on a GPU the first forward at a shape not met before
+costs more than the next ones. Measured on an H100 (bench/launch.py, bench/SERVED.md): 51-130 ms
+more with cuDNN's attention, which builds a graph per shape (so prepare_device turns it off), and
+6-13 ms more without it. Steps of 8 bound the shapes to (queries / 8) x (tokens / 8) and waste at
+most 7 rows and 7 tokens of arithmetic. CPUs pay nothing for a new shape, so CPU batches keep
+their exact shape.
 """
 
 from __future__ import annotations
@@ -12,6 +20,23 @@ from windve.engines.head import SentenceHead
 from windve.model import ModelSpec
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+SHAPE_STEP = 8
+
+
+def bucketed(input_ids: np.ndarray, attention_mask: np.ndarray, step: int) -> tuple[np.ndarray, np.ndarray]:
+    """The batch padded to multiples of `step` rows and tokens; the caller keeps the first rows.
+
+    Padding tokens are masked out. A padding row attends to its first token only: a row with
+    nothing to attend to would turn its softmax into NaNs, harmless but noisy in a debugger."""
+    rows, tokens = input_ids.shape
+    want_rows, want_tokens = -(-rows // step) * step, -(-tokens // step) * step
+    if (want_rows, want_tokens) == (rows, tokens):
+        return input_ids, attention_mask
+    ids = np.zeros((want_rows, want_tokens), dtype=input_ids.dtype)
+    mask = np.zeros((want_rows, want_tokens), dtype=attention_mask.dtype)
+    ids[:rows, :tokens], mask[:rows, :tokens] = input_ids, attention_mask
+    mask[rows:, 0] = 1
+    return ids, mask
 
 
 def load_encoder(spec: ModelSpec, dtype: str = "fp32", attn: str = "sdpa") -> torch.nn.Module:
@@ -36,6 +61,11 @@ def load_encoder(spec: ModelSpec, dtype: str = "fp32", attn: str = "sdpa") -> to
 def prepare_device(device: str) -> torch.device:
     if device.startswith("npu"):
         import torch_npu  # noqa: F401  (registers the "npu" device with torch)
+    if device.startswith("cuda"):
+        # cuDNN's attention builds a graph for every new shape: measured on an H100 (bench/launch.py),
+        # the first batch at a shape took 51-78 ms more with it and 6-13 ms more without it, at the
+        # same speed afterwards. Flash and memory-efficient attention remain.
+        torch.backends.cuda.enable_cudnn_sdp(False)
     return torch.device(device)
 
 
@@ -48,10 +78,13 @@ class TorchEngine:
         self._device = prepare_device(device)
         self._model = load_encoder(spec, dtype).to(self._device)
         self._head = SentenceHead.from_spec(spec, self._device)
+        self.shape_step = 1 if self._device.type == "cpu" else SHAPE_STEP
 
     @torch.inference_mode()
     def embed(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        rows = len(input_ids)
+        input_ids, attention_mask = bucketed(input_ids, attention_mask, self.shape_step)
         ids = torch.from_numpy(input_ids).to(self._device, non_blocking=True)
         mask = torch.from_numpy(attention_mask).to(self._device, non_blocking=True)
         hidden = self._model(input_ids=ids, attention_mask=mask).last_hidden_state
-        return self._head(hidden, mask).cpu().numpy()
+        return self._head(hidden, mask)[:rows].cpu().numpy()
