@@ -59,6 +59,7 @@ WRK_SCRIPT = ROOT / "bench" / "wrk_embed.lua"
 RESULT = re.compile(r"^RESULT (.*)$", re.MULTILINE)
 DISPATCHED = re.compile(r'^windve_pool_dispatched_queries_total\{pool="([^"]+)"\} ([0-9.eE+-]+)$', re.MULTILINE)
 START_TIMEOUT = 900.0  # a big model on a slow disk, CUDA graphs, a calibration probe
+CONNECTION_SPARE = 256  # open files wrk, the server and the bench need beside the clients' sockets
 
 
 # ---- inputs ----------------------------------------------------------------------------
@@ -257,6 +258,22 @@ def dispatched(port: int) -> tuple[float, dict[str, float]]:
     return (sent + time.monotonic()) / 2, {pool: float(value) for pool, value in DISPATCHED.findall(text)}
 
 
+def wrk_cpus(info: dict) -> set[int] | None:
+    """The CPUs wrk may use: all but the accelerators' feeding cores (None: no such core).
+
+    A client shares the host with the service here, which it would not in production; on the
+    feeding core its threads would take turns with the thread that launches every GPU kernel."""
+    feeding = {
+        core
+        for pool in info.get("plan", {}).get("pools", [])
+        for instance in pool.get("instances", [])
+        if instance.get("device", "cpu") != "cpu"
+        for core in instance.get("cores", [])
+    }
+    rest = set(os.sched_getaffinity(0)) - feeding
+    return rest if feeding and rest else None
+
+
 def start_wrk(port: int, bodies: Path, path: str, clients: int, seconds: float,
               args: argparse.Namespace) -> tuple[subprocess.Popen, int]:
     threads = max(1, min(args.wrk_threads, clients))
@@ -264,7 +281,9 @@ def start_wrk(port: int, bodies: Path, path: str, clients: int, seconds: float,
         "wrk", f"-t{threads}", f"-c{clients}", f"-d{max(1, round(seconds))}s", "--latency",
         "--timeout", f"{args.wrk_timeout}s", "-s", str(WRK_SCRIPT), f"http://127.0.0.1:{port}", "--", str(bodies), path,
     ]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    cpus = getattr(args, "wrk_cpus", None)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
     return process, (clients // threads) * threads  # wrk gives each thread clients // threads connections
 
 
@@ -375,11 +394,16 @@ def overload(port: int, bodies: Path, peak: float | None, args: argparse.Namespa
     )
     rows = []
     for factor in [float(f) for f in args.overload_factors.split(",")]:
+        clients = max(1, round(factor * total))
+        if clients + CONNECTION_SPARE > resource.getrlimit(resource.RLIMIT_NOFILE)[1]:
+            print(f"{factor:>6g}x skipped: {clients} connections need more than the open-file limit "
+                  f"({resource.getrlimit(resource.RLIMIT_NOFILE)[1]}) allows")
+            continue
         wait_until_idle(port)
         poller = HealthPoller(port, args.health_interval)
         poller.start()
         try:
-            row = run_wrk(port, bodies, "/embed", max(1, round(factor * total)), args.seconds, args)
+            row = run_wrk(port, bodies, "/embed", clients, args.seconds, args)
         finally:
             health = poller.finish()
         row |= {"factor": factor, "total_depth": total, "depths": depths, "health": health,
@@ -465,6 +489,7 @@ def run_windve(bodies: Path, clients: list[int], sections: set[str], args: argpa
         )
         print(f"\nwindve serve on port {port} (log {process.log_path}): model {info.get('model_id')}, "
               f"{info.get('model_dtype')}; pools: {plan}", flush=True)
+        args.wrk_cpus = wrk_cpus(info)
         run_wrk(port, bodies, "/embed", 4, args.warmup_seconds, args)  # warm-up, not reported
         if "served" in sections:
             results["served"] = served(port, bodies, "/embed", clients, args, "windve", windve=True)
@@ -563,7 +588,7 @@ def main() -> None:
     if (sections - {"engine"} or args.peers) and shutil.which("wrk") is None:
         sys.exit("wrk is needed: apt-get install wrk")
     clients = [int(c) for c in args.clients.split(",")]
-    raise_open_files(max(clients) + 256)
+    raise_open_files(max(clients) + CONNECTION_SPARE)
 
     spec = load_model_spec(args.model)
     tokenizer = TextTokenizer(spec)
