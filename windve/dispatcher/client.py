@@ -23,11 +23,11 @@ from pathlib import Path
 
 import numpy as np
 import zmq
-import zmq.asyncio
 
 from queue_manager.protocol import Busy, QueryFailed, ShuttingDown, Unavailable
 from windve.dispatcher import messages
 from windve.dispatcher.board import DEGRADED, OK, STARTING, UNAVAILABLE, StateBoard
+from windve.dispatcher.loop_socket import LoopSocket
 from windve.probe import Address
 
 HEALTH_NAMES = {STARTING: "starting", DEGRADED: "degraded", OK: "ok", UNAVAILABLE: "unhealthy"}
@@ -121,32 +121,29 @@ class RemoteDispatcher:
 
     def __init__(self, address: str, board_path: Path) -> None:
         self.board = StateBoard(board_path)
-        self._context = zmq.asyncio.Context()
-        self._socket = self._context.socket(zmq.DEALER)
-        self._socket.setsockopt(zmq.IDENTITY, messages.front_end_identity(os.getpid()))
-        self._socket.setsockopt(zmq.LINGER, 0)
-        self._socket.connect(address)
+        self._context = zmq.Context()
+        socket = self._context.socket(zmq.DEALER)
+        socket.setsockopt(zmq.IDENTITY, messages.front_end_identity(os.getpid()))
+        self._socket = LoopSocket(socket, self._receive)
+        socket.connect(address)
         self._ids = itertools.count(1)
         self._waiting: dict[int, asyncio.Future] = {}
-        self._reader: asyncio.Task | None = None
 
     def start(self) -> None:
-        self._reader = asyncio.create_task(self._read(), name="dispatcher-replies")
+        self._socket.start()
 
-    async def _read(self) -> None:
-        while True:
-            frames = await self._socket.recv_multipart(copy=False)
-            header = messages.unpack(frames[0].buffer)
-            future = self._waiting.pop(header["id"], None)
-            if future is not None and not future.done():
-                future.set_result((header, frames[1:]))
+    def _receive(self, frames: list) -> None:
+        header = messages.unpack(frames[0].buffer)
+        future = self._waiting.pop(header["id"], None)
+        if future is not None and not future.done():
+            future.set_result((header, frames[1:]))
 
     def _send(self, header: dict, *payload) -> asyncio.Future:
         """Send now (ZMQ queues it without blocking); the answer resolves the returned future."""
         request_id = header["id"] = next(self._ids)
         future = asyncio.get_running_loop().create_future()
         self._waiting[request_id] = future
-        self._socket.send_multipart([messages.pack(header), *payload], copy=False)
+        self._socket.send([messages.pack(header), *payload])
         return future
 
     async def _ask(self, header: dict) -> tuple[dict, list]:
@@ -159,7 +156,7 @@ class RemoteDispatcher:
     def forget(self, request_id: int) -> None:
         """The client has gone: drop the wait and tell the dispatcher to free the slots."""
         if self._waiting.pop(request_id, None) is not None:
-            self._socket.send_multipart([messages.pack({"op": messages.CANCEL, "id": request_id})])
+            self._socket.send([messages.pack({"op": messages.CANCEL, "id": request_id})])
 
     def check_room(self, wanted: int) -> None:
         state = self.board.read()
@@ -193,7 +190,7 @@ class RemoteDispatcher:
     async def serving(self, address: Address | None) -> None:
         """Tell the dispatcher that this front end answers /embed: its warm-up probe waits for every
         front end, as the probe's connections may reach any of them. `address`: the parent knows it."""
-        self._socket.send_multipart([messages.pack({"op": messages.SERVING, "id": 0})])
+        self._socket.send([messages.pack({"op": messages.SERVING, "id": 0})])
 
     async def info(self) -> dict:
         header, _ = await asyncio.wait_for(self._ask({"op": messages.INFO}), CONTROL_TIMEOUT)
@@ -204,8 +201,6 @@ class RemoteDispatcher:
         return bytes(payload[0].buffer)
 
     async def close(self) -> None:
-        if self._reader is not None:
-            self._reader.cancel()
-        self._socket.close(0)
+        self._socket.close()
         self._context.term()
         self.board.close()

@@ -1,7 +1,8 @@
 """The dispatcher process's ZMQ side: front ends' embed requests in, vectors or refusals out.
 
 One ROUTER socket serves every front end; each request is admitted by the queue manager in
-the step of the event loop that reads it, so admission stays atomic across front ends. A
+the step of the event loop that reads it, so admission stays atomic across front ends. The
+socket is read and written without a future per message (`LoopSocket`). A
 front end that dies has its admitted queries cancelled (`forget_client`): nobody will read
 their answers, and the slots they hold belong to the clients of the other front ends.
 """
@@ -15,13 +16,13 @@ import time
 from collections.abc import Callable
 
 import zmq
-import zmq.asyncio
 from prometheus_client import generate_latest
 
 from queue_manager.pool import Request
 from queue_manager.protocol import Busy, QueryFailed, ShuttingDown, Unavailable
 from windve.dispatcher import messages
 from windve.dispatcher.board import DEGRADED, OK, STARTING, UNAVAILABLE, StateBoard
+from windve.dispatcher.loop_socket import LoopSocket
 from windve.service import Runtime
 
 log = logging.getLogger(__name__)
@@ -40,26 +41,23 @@ class DispatcherServer:
         self.peak_in_flight: dict[str, int] = {}  # per pool, since start: admission's bound, observed
         self.board = board
         self._runtime = runtime  # None while the engines load
-        self._context = zmq.asyncio.Context()
-        self._socket = self._context.socket(zmq.ROUTER)
-        self._socket.setsockopt(zmq.LINGER, 0)
-        self._socket.bind(address)
+        self._context = zmq.Context()
+        self._socket = LoopSocket(self._context.socket(zmq.ROUTER), self._receive)
+        self._socket.socket.bind(address)
         self._pending: dict[tuple[bytes, int], Request] = {}
         self._tasks: list[asyncio.Task] = []
         self.serving: set[bytes] = set()  # front ends that said they answer /embed (for the warm-up probe)
         self.serving_changed = asyncio.Event()  # set when one says so
 
     def start(self) -> None:
-        self._tasks = [
-            asyncio.create_task(self._serve(), name="dispatcher-serve"),
-            asyncio.create_task(self._publish(), name="dispatcher-board"),
-        ]
+        self._socket.start()
+        self._tasks = [asyncio.create_task(self._publish(), name="dispatcher-board")]
 
     async def close(self) -> None:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._socket.close(0)
+        self._socket.close()
         self._context.term()
 
     # ---- the board -------------------------------------------------------------------
@@ -94,15 +92,13 @@ class DispatcherServer:
 
     # ---- requests --------------------------------------------------------------------
 
-    async def _serve(self) -> None:
-        while True:
-            frames = await self._socket.recv_multipart(copy=False)
-            client, header = frames[0].bytes, messages.unpack(frames[1].buffer)
-            try:
-                self._handle(client, header, frames[2:])
-            except Exception:  # noqa: BLE001 - one bad message must not stop the dispatcher
-                log.exception("dispatcher: cannot handle %s", header.get("op"))
-                self._answer(client, header.get("id", 0), messages.FAILED, message="dispatcher error")
+    def _receive(self, frames: list) -> None:
+        client, header = frames[0].bytes, messages.unpack(frames[1].buffer)
+        try:
+            self._handle(client, header, frames[2:])
+        except Exception:  # noqa: BLE001 - one bad message must not stop the dispatcher
+            log.exception("dispatcher: cannot handle %s", header.get("op"))
+            self._answer(client, header.get("id", 0), messages.FAILED, message="dispatcher error")
 
     def _handle(self, client: bytes, header: dict, payload: list) -> None:
         op, request_id = header["op"], header["id"]
@@ -187,6 +183,6 @@ class DispatcherServer:
     def _send(self, client: bytes, header: dict, payload=None) -> None:
         frames = [client, messages.pack(header)] + ([payload] if payload is not None else [])
         try:
-            self._socket.send_multipart(frames, copy=False, flags=zmq.NOBLOCK)
-        except zmq.ZMQError as error:  # the front end is gone (its queue full or closed)
+            self._socket.send(frames)
+        except zmq.ZMQError as error:  # the socket is closing
             log.warning("dispatcher: cannot answer front end %r: %s", client, error)
