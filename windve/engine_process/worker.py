@@ -18,7 +18,9 @@ bound node). No per-thread binding (OMP_PROC_BIND / GOMP_CPU_AFFINITY): libgomp 
 re-pin the main thread to a single CPU; the process mask already keeps every thread on
 the rank's cores.
 
-G = 1: the plain engine (torch or onnx) answers EMBED messages on its socket.
+G = 1: the plain engine (torch or onnx) answers EMBED messages on its socket. A read-ahead
+thread receives, pads and stages (on a GPU: copies) batch N+1 while batch N runs; the dispatcher
+keeps two batches handed over for that (windve.engine_process.instance).
 G > 1: rank 0 receives each request straight into the shared input buffer, publishes it
 to the other ranks and answers; every rank runs its shard of the forward pass.
 """
@@ -29,7 +31,9 @@ import contextlib
 import dataclasses
 import json
 import os
+import queue
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -156,26 +160,42 @@ class EngineServer:
         self.dim = self.engine.dim
 
     def serve(self) -> None:
+        """Answer staged batches in order until STOP or the parent goes away."""
+        from windve.engine_process import wire
+
+        staged: queue.Queue = queue.Queue(maxsize=1)  # one batch ready beside the one running
+        threading.Thread(target=self._read_ahead, args=(staged,), name="engine-read-ahead", daemon=True).start()
+        while (item := staged.get()) is not None:
+            request_id, batch, problem = item
+            if problem is None:
+                try:
+                    started = time.perf_counter()
+                    embeddings = self.engine.run(batch)
+                    reply = wire.encode_result(request_id, embeddings, time.perf_counter() - started)
+                except Exception as error:  # a bad batch; the engine itself is still fine
+                    problem = _describe(error)
+            if problem is not None:
+                reply = wire.encode_json(wire.ERROR, request_id, {"message": problem, "fatal": False})
+            self.conn.send_bytes(reply)
+
+    def _read_ahead(self, staged: queue.Queue) -> None:
+        """Receive and stage each batch; None on the queue once STOP came or the pipe closed."""
         from windve.engine_process import wire
 
         while True:
             try:
                 message = self.conn.recv_bytes()
             except (EOFError, OSError):
-                return
+                break
             kind, request_id = wire.message_kind(message)
             if kind == wire.STOP:
-                return
+                break
             try:
-                started = time.perf_counter()
                 lengths, ids = wire.decode_request(message)
-                embeddings = self.engine.embed(*wire.pad_ids(lengths, ids, self.pad_id))
-                reply = wire.encode_result(request_id, embeddings, time.perf_counter() - started)
-            except Exception as error:  # a bad batch; the engine itself is still fine
-                reply = wire.encode_json(
-                    wire.ERROR, request_id, {"message": _describe(error), "fatal": False}
-                )
-            self.conn.send_bytes(reply)
+                staged.put((request_id, self.engine.stage(*wire.pad_ids(lengths, ids, self.pad_id)), None))
+            except Exception as error:  # a bad batch: answered as such, in its turn
+                staged.put((request_id, None, _describe(error)))
+        staged.put(None)
 
 
 def _torch_all_reduce(comm):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -17,6 +17,16 @@ class Engine(Protocol):
 
     def embed(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         """int64 [B, L] ids and mask -> float32 [B, dim] embeddings (dim: after the Dense layers)."""
+        ...
+
+    def stage(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> Any:
+        """The first half of `embed`: the batch made ready to `run` (on a GPU: copied to it).
+
+        An engine process stages batch N+1 in a thread of its own while batch N runs."""
+        ...
+
+    def run(self, staged: Any) -> np.ndarray:
+        """The second half of `embed`: `embed(ids, mask) == run(stage(ids, mask))`."""
         ...
 
 

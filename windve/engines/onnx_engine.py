@@ -151,3 +151,9 @@ class OnnxEngine:
             None, {"input_ids": input_ids, "attention_mask": attention_mask}
         )
         return self._head.apply_numpy(hidden, attention_mask)
+
+    def stage(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return input_ids, attention_mask  # onnxruntime copies its inputs itself
+
+    def run(self, staged: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+        return self.embed(*staged)

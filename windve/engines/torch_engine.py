@@ -13,6 +13,8 @@ their exact shape.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
@@ -37,6 +39,18 @@ def bucketed(input_ids: np.ndarray, attention_mask: np.ndarray, step: int) -> tu
     ids[:rows, :tokens], mask[:rows, :tokens] = input_ids, attention_mask
     mask[rows:, 0] = 1
     return ids, mask
+
+
+@dataclass
+class Staged:
+    """A batch on its device. `copied`: the event its copy recorded on the copy stream (CUDA);
+    `host`: the pinned source tensors, kept alive until that copy has run."""
+
+    rows: int
+    ids: torch.Tensor
+    mask: torch.Tensor
+    copied: torch.cuda.Event | None = None
+    host: tuple[torch.Tensor, ...] = ()
 
 
 def load_encoder(spec: ModelSpec, dtype: str = "fp32", attn: str = "sdpa") -> torch.nn.Module:
@@ -79,12 +93,34 @@ class TorchEngine:
         self._model = load_encoder(spec, dtype).to(self._device)
         self._head = SentenceHead.from_spec(spec, self._device)
         self.shape_step = 1 if self._device.type == "cpu" else SHAPE_STEP
+        # On CUDA a batch is copied from pinned memory on a stream of its own, so that the copy of
+        # batch N+1 overlaps batch N's kernels (the engine process stages in another thread).
+        self._copy_stream = torch.cuda.Stream(self._device) if self._device.type == "cuda" else None
 
-    @torch.inference_mode()
     def embed(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        return self.run(self.stage(input_ids, attention_mask))
+
+    def stage(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> Staged:
         rows = len(input_ids)
         input_ids, attention_mask = bucketed(input_ids, attention_mask, self.shape_step)
-        ids = torch.from_numpy(input_ids).to(self._device, non_blocking=True)
-        mask = torch.from_numpy(attention_mask).to(self._device, non_blocking=True)
-        hidden = self._model(input_ids=ids, attention_mask=mask).last_hidden_state
-        return self._head(hidden, mask)[:rows].cpu().numpy()
+        ids, mask = torch.from_numpy(input_ids), torch.from_numpy(attention_mask)
+        if self._copy_stream is None:
+            return Staged(rows, ids.to(self._device), mask.to(self._device))
+        ids, mask = ids.pin_memory(), mask.pin_memory()
+        with torch.cuda.stream(self._copy_stream):
+            on_device = ids.to(self._device, non_blocking=True), mask.to(self._device, non_blocking=True)
+            copied = torch.cuda.Event()
+            copied.record(self._copy_stream)
+        return Staged(rows, *on_device, copied=copied, host=(ids, mask))
+
+    @torch.inference_mode()
+    def run(self, staged: Staged) -> np.ndarray:
+        if staged.copied is not None:
+            compute = torch.cuda.current_stream(self._device)
+            compute.wait_event(staged.copied)
+            # Allocated on the copy stream, used on this one: the allocator must not reuse them
+            # before this stream is done with them.
+            staged.ids.record_stream(compute)
+            staged.mask.record_stream(compute)
+        hidden = self._model(input_ids=staged.ids, attention_mask=staged.mask).last_hidden_state
+        return self._head(hidden, staged.mask)[: staged.rows].cpu().numpy()
