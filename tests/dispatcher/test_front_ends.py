@@ -108,6 +108,18 @@ def test_concurrent_requests_through_both_front_ends_get_their_own_vectors(serve
         if line.startswith("windve_requests_total{") and 'status="200"' in line and 'route="embed"' in line
     )
     assert ok >= statuses.count(200)
+    # The engines' own time per batch, beside the dispatcher's view of it (windve_inference_seconds).
+    batches = sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("windve_engine_compute_seconds_count{")
+    )
+    dispatched = sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("windve_inference_seconds_count{")
+    )
+    assert batches == dispatched >= 1
 
 
 def test_killing_a_front_end_loses_no_query_of_the_other(tmp_path, reference_model):

@@ -23,7 +23,9 @@ from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import wait
 
 import numpy as np
+from prometheus_client import Histogram
 
+from queue_manager.metrics import LATENCY_BUCKETS
 from queue_manager.protocol import InstanceFailed
 from windve.cpu.allreduce import create_group_segment, read_counters
 from windve.cpu.bert_shapes import check_tp_degree, read_bert_shapes
@@ -42,6 +44,16 @@ DEFAULT_BATCH_TOKENS = 16384
 STOP_GRACE_SECONDS = 5.0
 WATCH_SECONDS = 0.25  # how often a wait for an answer looks at the heartbeats
 PIPELINE = 2  # batches in flight: one computing, the next waiting in the engine's pipe
+
+# The engine's own clock around a batch (no pipe, no queue, no dispatcher): with
+# windve_inference_seconds, the dispatcher's view of the same batches, it says where a batch's
+# time goes.
+ENGINE_COMPUTE = Histogram(
+    "windve_engine_compute_seconds",
+    "Time an engine process spent running one batch, by its own clock",
+    ["engine"],
+    buckets=LATENCY_BUCKETS,
+)
 
 
 class CpuWorkerInstance:
@@ -260,7 +272,14 @@ class CpuWorkerInstance:
             raise InstanceFailed(f"instance {self.name} is down ({self._failure}); restart it")
 
     def _receive_batch(self, ids: list[int]) -> list[np.ndarray]:
-        return [self._receive(request_id) for request_id in ids]
+        """The answers of a served batch's chunks, in order (one thread receives them all)."""
+        answers, seconds = [], 0.0
+        for request_id in ids:
+            answers.append(self._receive(request_id))
+            seconds += self.last_compute_seconds
+        if ids:
+            ENGINE_COMPUTE.labels(self.name).observe(seconds)
+        return answers
 
     def _chunks(self, sequences: Sequence[np.ndarray]) -> list[Sequence[np.ndarray]]:
         """Split a batch whose request would not fit the shared input buffer (TP only)."""
