@@ -26,6 +26,7 @@ class HeartbeatBoard:
         self.fd = os.memfd_create("windve-heartbeat", 0)  # no MFD_CLOEXEC flag: children inherit it
         os.ftruncate(self.fd, _STAMP.size)
         self._map = mmap.mmap(self.fd, _STAMP.size)
+        self.created = time.monotonic()
         self.reset()
 
     def reset(self) -> None:
@@ -34,7 +35,11 @@ class HeartbeatBoard:
 
     def age(self) -> float:
         """Seconds since the worker last beat."""
-        return time.monotonic() - _STAMP.unpack_from(self._map, 0)[0]
+        return time.monotonic() - self.stamp()
+
+    def stamp(self) -> float:
+        """The last beat's CLOCK_MONOTONIC time (the board's creation until the worker beats)."""
+        return _STAMP.unpack_from(self._map, 0)[0]
 
     def close(self) -> None:
         self._map.close()
