@@ -394,10 +394,9 @@ def overload(port: int, bodies: Path, peak: float | None, args: argparse.Namespa
     )
     rows = []
     for factor in [float(f) for f in args.overload_factors.split(",")]:
-        clients = max(1, round(factor * total))
-        if clients + CONNECTION_SPARE > resource.getrlimit(resource.RLIMIT_NOFILE)[1]:
-            print(f"{factor:>6g}x skipped: {clients} connections need more than the open-file limit "
-                  f"({resource.getrlimit(resource.RLIMIT_NOFILE)[1]}) allows")
+        clients, limit = max(1, round(factor * total)), resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        if clients + CONNECTION_SPARE > limit:
+            print(f"{factor:>6g}x skipped: {clients} connections need more than the open-file limit ({limit}) allows")
             continue
         wait_until_idle(port)
         poller = HealthPoller(port, args.health_interval)

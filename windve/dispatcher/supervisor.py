@@ -49,7 +49,6 @@ class Supervisor:
         self.failed: str | None = None
         self._fronts: dict[int, asyncio.subprocess.Process] = {}
         self._stop = asyncio.Event()
-        self.allowed_cpus: frozenset[int] | None = None
 
     def run(self) -> int:
         return asyncio.run(self._main())
@@ -60,7 +59,7 @@ class Supervisor:
         listener.set_inheritable(True)
         # The engines are planned over the CPUs this process had before it moved onto the service
         # cores: planned after the move, every engine would be squeezed onto those few cores.
-        self.allowed_cpus = frozenset(os.sched_getaffinity(0))
+        allowed_cpus = frozenset(os.sched_getaffinity(0))
         if self.cores:
             os.sched_setaffinity(0, self.cores)
         (workdir / "settings.json").write_text(self.settings.model_dump_json())
@@ -73,7 +72,7 @@ class Supervisor:
             loop.add_signal_handler(sig, self._begin_stop)
         keepers = [asyncio.create_task(self._keep_front_end(i, workdir, listener, server)) for i in range(self.workers)]
         log.info("%d front-end processes on %s:%d", self.workers, self.settings.host, self.settings.port)
-        starting = asyncio.create_task(self._start_engines(server, loopback(listener.getsockname())))
+        starting = asyncio.create_task(self._start_engines(server, loopback(listener.getsockname()), allowed_cpus))
         await self._stop.wait()
         starting.cancel()
         await asyncio.gather(starting, return_exceptions=True)
@@ -92,10 +91,12 @@ class Supervisor:
             return 1
         return 0
 
-    async def _start_engines(self, server: DispatcherServer, address: tuple[str, int]) -> None:
+    async def _start_engines(
+        self, server: DispatcherServer, address: tuple[str, int], allowed_cpus: frozenset[int]
+    ) -> None:
         try:
             # Accepting (the probe's requests reach it through the front ends) but not ready yet.
-            self.runtime = await Runtime.start(self.settings, probe_later=True, allowed_cpus=self.allowed_cpus)
+            self.runtime = await Runtime.start(self.settings, probe_later=True, allowed_cpus=allowed_cpus)
             if not self.runtime.ready:
                 await self._front_ends_serve(server)
                 await self.runtime.finish_start(address)

@@ -32,7 +32,7 @@ class HeartbeatBoard:
         os.ftruncate(self.fd, _STAMP.size)
         self._map = mmap.mmap(self.fd, _STAMP.size)
         self.created = time.monotonic()
-        self._implausible = 0  # impossible stamps read so far
+        self._warned = False  # about an impossible stamp: once per board
         self.reset()
 
     def reset(self) -> None:
@@ -49,10 +49,10 @@ class HeartbeatBoard:
         stamp, now = self.stamp(), time.monotonic()
         if self.created <= stamp <= now + FUTURE_SLACK:
             return now - stamp
-        if not self._implausible:
+        if not self._warned:
             log.warning("heartbeat board read an impossible stamp %.6f (board made %.6f, now %.6f); "
                         "not counted as silence", stamp, self.created, now)
-        self._implausible += 1
+            self._warned = True
         return 0.0
 
     def stamp(self) -> float:

@@ -383,20 +383,8 @@ class CpuWorkerInstance:
     def _check_heartbeats(self, doing: str) -> None:
         silent = self.silent_for()
         if silent > self.heartbeat_timeout:
-            self._killed_for = (
-                f"no heartbeat for {silent:.1f} s while {doing} (stopped or stuck; {self._stamps()})"
-            )
+            self._killed_for = f"no heartbeat for {silent:.1f} s while {doing} (stopped or stuck)"
             raise self._fail(self._killed_for)
-
-    def _stamps(self) -> str:
-        """The boards' raw stamps, for the log. Once, in a full test run on 2026-11-25, a board
-        read 0.0 150 ms after its instance started (a 'silence' of the machine's uptime); the
-        raw values are what would tell a torn or foreign write from a stuck worker."""
-        try:
-            stamps = ", ".join(f"{board.stamp():.3f} (board made {board.created:.3f})" for board in self._boards)
-        except ValueError:  # closed by a stop meanwhile
-            return "boards closed"
-        return f"stamps {stamps}, now {time.monotonic():.3f}"
 
     def processes(self) -> list[tuple[int, int]]:
         """(rank, pid) of every running engine process, for per-process metrics."""
