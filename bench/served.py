@@ -318,6 +318,42 @@ def run_wrk(port: int, bodies: Path, path: str, clients: int, seconds: float, ar
     return finish_wrk(*start_wrk(port, bodies, path, clients, seconds, args))
 
 
+def run_wrk_watched(port: int, bodies: Path, clients: int, args: argparse.Namespace) -> dict:
+    """run_wrk, with each pool's depth control read from /info one second before wrk ends.
+
+    Read under load, because the depth and the live tail are what they are while it lasts; the
+    line printed under the row says whether the depth moved and why."""
+    process, clients = start_wrk(port, bodies, "/embed", clients, args.seconds, args)
+    time.sleep(max(0.0, args.seconds - 1.0))
+    try:
+        pools = get_info(port).get("pools", [])
+    except httpx.HTTPError as error:
+        pools, late = [], repr(error)
+    else:
+        late = None
+    row = finish_wrk(process, clients)
+    row["control"] = {
+        pool["name"]: {"depth": pool["depth"], "live_p99_s": pool["control"].get("live_p99"),
+                       "reason": pool["control"].get("reason")}
+        for pool in pools
+    }
+    row["control_error"] = late
+    return row
+
+
+def print_control(row: dict) -> None:
+    def tail(seconds: float | None) -> str:
+        return "-" if seconds is None else f"{seconds * 1000:.0f} ms"
+
+    described = "; ".join(
+        f"{name} depth {c['depth']}, live p99 {tail(c['live_p99_s'])} ({c['reason']})"
+        for name, c in row["control"].items()
+    )
+    if not described:
+        described = f"/info did not answer: {row['control_error']}"
+    print(f"    1 s before the end: {described}", flush=True)
+
+
 class HealthPoller(threading.Thread):
     """GET /health in a loop (one keep-alive connection), recording each answer's latency."""
 
@@ -375,9 +411,11 @@ def served(port: int, bodies: Path, path: str, clients: list[int], args: argpars
     for c in clients:
         if windve:
             wait_until_idle(port)
-        row = run_wrk(port, bodies, path, c, args.seconds, args)
-        rows.append(row)
+        row = run_wrk_watched(port, bodies, c, args) if windve else run_wrk(port, bodies, path, c, args.seconds, args)
         served_row(table, row)
+        if windve:
+            print_control(row)
+        rows.append(row)
     return rows
 
 
@@ -402,7 +440,7 @@ def overload(port: int, bodies: Path, peak: float | None, args: argparse.Namespa
         poller = HealthPoller(port, args.health_interval)
         poller.start()
         try:
-            row = run_wrk(port, bodies, "/embed", clients, args.seconds, args)
+            row = run_wrk_watched(port, bodies, clients, args)
         finally:
             health = poller.finish()
         row |= {"factor": factor, "total_depth": total, "depths": depths, "health": health,
@@ -412,6 +450,7 @@ def overload(port: int, bodies: Path, peak: float | None, args: argparse.Namespa
                   f"{row['goodput_over_peak']:.2f}" if peak else "n/a", row["p99_ms"], ms(row["p99_ok_bound_ms"]),
                   row["busy"], row["other"], row["socket_errors"], health["max_ms"], health["polls"],
                   health["failures"])
+        print_control(row)
     if not peak:
         print("  goodput/peak: n/a, the served section did not run (add it to --sections)")
     return rows
