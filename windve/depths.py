@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import statistics
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from estimator import DEFAULT_HEADROOM, Calibration, LengthFit, LinearFit, decide_depth
+from queue_manager.depth_control import p99
 from queue_manager.pool import TokenCharge
 
 log = logging.getLogger(__name__)
@@ -73,27 +73,38 @@ def depth_from_calibration(calibration: Calibration, pool: str, slo: float, orig
     )
 
 
-ClosedLoopRound = Callable[[int], Awaitable[float]]  # concurrency -> seconds until its last answer
+# (clients, queries each) -> every answer's latency in seconds, in the order the answers came. Each
+# client sends its next query as soon as its last is answered; all start together.
+ClosedLoop = Callable[[int, int], Awaitable[list[float]]]
+
+STEADY_QUERIES = 6  # per client in the steady round: the first and last of each client's are not timed
 
 
 async def probe_rounds(
-    pool: str, closed_loop_round: ClosedLoopRound, batch: int, slo: float, path: str, query_tokens: int
+    pool: str, closed_loop: ClosedLoop, batch: int, slo: float, path: str, query_tokens: int
 ) -> DepthSource:
     """A two-point estimate of p99 `latency = alpha*C + beta`, the depth a pool starts with when neither
     a setting nor a calibration gives one; the online depth controller moves on from it.
 
-    `closed_loop_round(C)` sends C queries of `query_tokens` tokens at once and returns the time until
-    the last answer, which is the p99 of its queries. One query alone gives beta; a full batch per
-    instance gives the drain rate, whose inverse is alpha. A first, unmeasured round lets the kernels
-    meet these shapes before the clock runs. The depth keeps `windve calibrate`'s default headroom.
-    `path` says what the rounds went through ("http": the service's own front end, windve.probe;
-    "in-process": the pool's queue, `probe_depth`), for /info.
+    One query alone gives beta. The second point is the pool in its steady state: C = 2 x `batch`
+    clients (two full batches per instance, as engine processes pipeline them) in a closed loop, each
+    sending STEADY_QUERIES queries back to back; the p99 of the answers after the first C and before
+    the last C (the burst that fills the queues and the drain that empties them) is the tail at C, and
+    alpha the slope between the points. A burst of one batch, timed to its last answer, read the
+    pool 25-35 % too fast: it has no batch queued ahead of it, no other batch's requests being read
+    and answered by the front end meanwhile, and it times the mean wait rather than the tail, which
+    sat at 1.4x the mean in a closed loop here (bench/ESTIMATOR.md). A first, unmeasured round lets
+    the kernels meet these shapes before the clock runs. The depth keeps `windve calibrate`'s default
+    headroom. `path` says what the rounds went through ("http": the service's own front end,
+    windve.probe; "in-process": the pool's queue, `probe_depth`), for /info.
     """
-    await closed_loop_round(batch)
-    beta = min([await closed_loop_round(1) for _ in range(3)])
-    # The median of three full batches: one round alone moved the depth by a quarter when a
-    # scheduling hiccup of a few milliseconds landed in it.
-    alpha = statistics.median([await closed_loop_round(batch) for _ in range(3)]) / batch
+    await closed_loop(batch, 1)
+    beta = min([(await closed_loop(1, 1))[0] for _ in range(3)])
+    clients = 2 * batch
+    latencies = await closed_loop(clients, STEADY_QUERIES)
+    steady = latencies[clients:-clients]
+    tail = p99(steady)
+    alpha = max(tail - beta, 0.0) / max(1, clients - 1)
     decision = decide_depth(LinearFit(alpha, beta, r2=math.nan, points=2), slo, headroom=DEFAULT_HEADROOM)
     # Even a pool too slow for the SLO serves one query at a time: refusing everything at
     # start, on two rounds of evidence, would be worse than a late answer.
@@ -106,6 +117,9 @@ async def probe_rounds(
             "beta": beta,
             "query_tokens": query_tokens,
             "batch": batch,
+            "steady_clients": clients,
+            "steady_p99": tail,
+            "steady_queries_per_s": clients * len(steady) / sum(steady),  # Little's law
             "path": path,
             "reason": decision.reason,
         },
@@ -125,9 +139,15 @@ async def probe_depth(
     """
     loop = asyncio.get_running_loop()
 
-    async def closed_loop_round(concurrency: int) -> float:
-        started = loop.time()  # the loop's clock: exact for a simulated pool on a virtual clock
-        await asyncio.gather(*(submit([query]) for _ in range(concurrency)))
-        return loop.time() - started
+    async def client(queries: int, answered: list[float]) -> None:
+        for _ in range(queries):
+            started = loop.time()  # the loop's clock: exact for a simulated pool on a virtual clock
+            await submit([query])
+            answered.append(loop.time() - started)
 
-    return await probe_rounds(pool, closed_loop_round, batch, slo, "in-process", len(query))
+    async def closed_loop(clients: int, queries: int) -> list[float]:
+        answered: list[float] = []
+        await asyncio.gather(*(client(queries, answered) for _ in range(clients)))
+        return answered
+
+    return await probe_rounds(pool, closed_loop, batch, slo, "in-process", len(query))

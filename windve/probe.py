@@ -17,7 +17,8 @@ reads per query. It runs on the same event loop as the front end (one process) o
 (several), so whatever it costs is timed as service latency. Against a trivial server, on a
 shared 2-core machine, the raw client spent 60 us of CPU per request one at a time and 13 us at
 64 at once; one httpx.AsyncClient spent 590 us and 5 ms (its objects, and its connection pool's
-search, which grows with the connections in use).
+search, which grows with the connections in use). A client's connection fails the round at the
+first answer other than 200; the round still waits for every other client to end.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ async def probe_over_http(
     # As many as probe_rounds asks for; each round encodes its requests before its clock starts.
     client = _Client(address, (_request(address, make_text(), api_key) for _ in itertools.count()))
     try:
-        return await probe_rounds(pool, client.round, batch, slo, "http", PROBE_TOKENS)
+        return await probe_rounds(pool, client.closed_loop, batch, slo, "http", PROBE_TOKENS)
     finally:
         client.close()
 
@@ -146,24 +147,32 @@ def _content_length(head: bytes) -> int:
 
 
 class _Client:
-    """Closed-loop rounds of POSTs, each query on a kept-alive connection of its own."""
+    """Closed-loop rounds of POSTs, each client on a kept-alive connection of its own."""
 
     def __init__(self, address: Address, requests: Iterator[bytes]) -> None:
         self.address = address
         self.requests = requests
         self.idle: list[_Connection] = []
 
-    async def round(self, concurrency: int) -> float:
-        connections = await self._connections(concurrency)  # before the clock: no connect is timed
-        requests = [next(self.requests) for _ in range(concurrency)]
-        started = time.perf_counter()
+    async def closed_loop(self, clients: int, queries: int) -> list[float]:
+        """`clients` connections, each posting `queries` requests back to back; every answer's latency,
+        in the order the answers came."""
+        connections = await self._connections(clients)  # before the clock: no connect is timed
+        requests = [[next(self.requests) for _ in range(queries)] for _ in range(clients)]
+        answered: list[float] = []
+
+        async def client(connection: _Connection, own: list[bytes]) -> None:
+            for request in own:
+                started = time.perf_counter()
+                await connection.post(request)
+                answered.append(time.perf_counter() - started)
+
         # Every request ends (answered or failed) before the round does: no stray reads are left.
-        outcomes = await asyncio.gather(*map(_Connection.post, connections, requests), return_exceptions=True)
-        elapsed = time.perf_counter() - started
+        outcomes = await asyncio.gather(*map(client, connections, requests), return_exceptions=True)
         for outcome in outcomes:
             if isinstance(outcome, BaseException):
                 raise outcome
-        return elapsed
+        return answered
 
     async def _connections(self, count: int) -> list[_Connection]:
         now = time.monotonic()

@@ -250,15 +250,16 @@ class Runtime:
     def _pinned(self, pool: str) -> Iterator[None]:
         """Room in `pool` only, so that the front end's admission sends the probe's requests there.
 
-        Room for two rounds of the probe, not one: a remote front end checks room on the board,
-        which is refreshed every few milliseconds, and a stale one must not refuse the next round.
+        Room for twice the probe's most in flight (its steady round's two batches per instance): a
+        remote front end checks room on the board, which is refreshed every few milliseconds, and a
+        stale one must not refuse the probe's next query.
         Adaptive depth control holds still meanwhile, or it would move these depths; _settle_depths
         sets every pool's depth after."""
         qm = self.queue_manager
         control, qm.depth_control = qm.depth_control, "static"
         try:
             for name in self.instances:
-                qm.set_depth(name, 2 * self._probe_batch(pool) if name == pool else 0)
+                qm.set_depth(name, 4 * self._probe_batch(pool) if name == pool else 0)
             yield
         finally:
             qm.depth_control = control

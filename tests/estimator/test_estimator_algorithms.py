@@ -96,7 +96,7 @@ def test_interleaved_levels_take_their_rounds_in_turn_and_each_keeps_its_own_tai
         assert samples[level].rounds == 3 and samples[level].failures == 0
 
 
-def test_warm_up_probe_reads_the_line_through_one_query_and_one_batch() -> None:
+def test_warm_up_probe_reads_the_line_through_one_query_and_the_steady_state() -> None:
     from windve.depths import probe_depth
 
     async def body(pool: SimulatedPool):
@@ -105,9 +105,15 @@ def test_warm_up_probe_reads_the_line_through_one_query_and_one_batch() -> None:
     source = run_virtual(_with_pool(SERVICE, body))
     alpha, beta = source.detail["alpha"], source.detail["beta"]
     assert beta == pytest.approx(0.003, rel=1e-12)  # one query: 1 ms per batch + 2 ms
-    assert alpha == pytest.approx(0.017 / 8, rel=1e-12)  # a full batch of 8: 17 ms
+    # 16 clients re-asking at once: each answer waited for the batch of 8 ahead of it and its own, 2 x 17 ms.
+    assert source.detail["steady_clients"] == 16
+    assert source.detail["steady_p99"] == pytest.approx(0.034, rel=1e-12)
+    assert source.detail["steady_queries_per_s"] == pytest.approx(8 / 0.017, rel=1e-12)
+    assert alpha == pytest.approx((0.034 - 0.003) / 15, rel=1e-12)  # the line through both points
     assert source.source == "warm-up probe (in-process)"
-    assert source.depth == decide_depth(LinearFit(alpha, beta, math.nan, 2), SLO, headroom=DEFAULT_HEADROOM).depth == 58
+    assert source.depth == decide_depth(LinearFit(alpha, beta, math.nan, 2), SLO, headroom=DEFAULT_HEADROOM).depth == 60
+    # The pool's own p99 at that depth: 8 batches of 17 ms, inside the SLO.
+    assert SERVICE.expected_p99(source.depth, TOKENS) <= SLO
 
 
 def test_warm_up_probe_of_a_pool_too_slow_for_the_slo_still_serves_one_query() -> None:

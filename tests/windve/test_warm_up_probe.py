@@ -16,7 +16,7 @@ import httpx
 from starlette.testclient import TestClient
 
 from tests.servers import ServerProcess, free_port, start_server
-from windve.depths import PROBE_TOKENS
+from windve.depths import PROBE_TOKENS, STEADY_QUERIES
 from windve.frontend.app import create_app
 from windve.settings import Settings
 
@@ -36,7 +36,8 @@ def _counter(metrics: str, name: str, labels: str = "") -> float:
 
 
 def _probe_queries(batch: int) -> int:
-    return batch + 3 + 3 * batch  # one unmeasured batch, three single queries, three batches
+    # One unmeasured batch, three single queries, the steady round: two batches' worth of clients.
+    return batch + 3 + 2 * batch * STEADY_QUERIES
 
 
 def _check_probed_over_http(server: ServerProcess) -> None:
