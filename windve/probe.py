@@ -4,7 +4,8 @@ The rounds are `windve.depths.probe_rounds`'; each query is a `POST /embed` of o
 PROBE_TOKENS tokens to the service's own listening address on loopback, so alpha and beta include
 what a client waits for besides the engines: reading and validating the request, tokenizing,
 dispatch, and writing the JSON answer. (Timed below the front end, the probe set depths 4x too
-deep on a GPU host: issue #29.) Every text is different, so that the embedding cache cannot answer.
+deep on a GPU host: issue #29.) Every text is different, and each request says `Cache-Control:
+no-cache, no-store`: the embedding cache neither answers nor keeps them.
 
 Which process runs it: with one front end, that front end's own process, once uvicorn listens
 (`Listening`); with several, the `windve serve` parent (the dispatcher), once every front end has
@@ -107,6 +108,7 @@ def _request(address: Address, text: str, api_key: str | None) -> bytes:
         f"Host: {f'[{host}]' if ':' in host else host}:{port}",
         "Content-Type: application/json",
         f"Content-Length: {len(body)}",
+        "Cache-Control: no-cache, no-store",  # random texts: nothing to find, nothing worth keeping
     ]
     if api_key:
         lines.append(f"Authorization: Bearer {api_key}")

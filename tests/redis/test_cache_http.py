@@ -47,6 +47,20 @@ def test_local_hits_are_identical_and_skip_the_queue(local_cache_server):
     assert raw != first.json()[:1]  # normalize is part of the key
 
 
+def test_cache_control_keeps_a_request_out_of_the_cache(local_cache_server):
+    url = local_cache_server.url
+    private = {"inputs": "a text that must not be kept"}
+    queued = dispatched(url)
+    kept_out = httpx.post(url + "/embed", json=private, headers={"Cache-Control": "no-store"})
+    assert kept_out.status_code == 200 and dispatched(url) == queued + 1
+    again = httpx.post(url + "/embed", json=private)  # not stored: computed again, and stored now
+    assert again.content == kept_out.content and dispatched(url) == queued + 2
+    httpx.post(url + "/embed", json=private)
+    assert dispatched(url) == queued + 2  # a hit
+    fresh = httpx.post(url + "/embed", json=private, headers={"cache-control": "max-age=0, No-Cache"})
+    assert fresh.content == kept_out.content and dispatched(url) == queued + 3  # not read from the cache
+
+
 @pytest.fixture
 def redis_pair(redis_server, tmp_path):
     """Two replicas sharing one Redis, as behind a Kubernetes Service."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 from starlette.requests import Request
@@ -60,7 +61,8 @@ class EmbeddingPipeline:
         self.check_inputs(texts, field)
         truncate = self.settings.truncate if truncate is None else truncate
         keys = self._cache_keys(texts, normalize, truncate)
-        vectors, missing = await self._cached(keys, len(texts))
+        use = cache_use(request.headers.get("cache-control", ""))
+        vectors, missing = await self._cached(keys if use.read else None, len(texts))
         if missing:
             # Full queues refuse before the tokenizer runs, as TEI takes its permit first.
             try:
@@ -78,7 +80,7 @@ class EmbeddingPipeline:
                 vectors = fresh
             else:
                 vectors[missing] = fresh
-            if keys is not None:
+            if keys is not None and use.write:
                 await self.cache.put_many([keys[i] for i in missing], fresh)
         metrics.TOKENS.inc(tokens)
         metrics.INPUTS.inc(len(texts))
@@ -144,6 +146,19 @@ class EmbeddingPipeline:
             raise refusal(exc) from None
         except QueryFailed as exc:
             raise ApiError(503, f"inference failed: {exc}", BACKEND, retry_after=1) from None
+
+
+class CacheUse(NamedTuple):
+    read: bool
+    write: bool
+
+
+def cache_use(cache_control: str) -> CacheUse:
+    """What a request's `Cache-Control` lets the embedding cache do, as HTTP caches read it:
+    `no-cache`, answer from the model rather than the cache; `no-store`, keep none of these texts
+    or vectors (texts that must not sit in a shared Redis; the warm-up probe's random ones)."""
+    directives = {part.split("=", 1)[0].strip().lower() for part in cache_control.split(",")}
+    return CacheUse(read="no-cache" not in directives, write="no-store" not in directives)
 
 
 def refusal(exc: Busy | Unavailable) -> ApiError:
