@@ -77,7 +77,7 @@ def depth_from_calibration(calibration: Calibration, pool: str, slo: float, orig
 # client sends its next query as soon as its last is answered; all start together.
 ClosedLoop = Callable[[int, int], Awaitable[list[float]]]
 
-STEADY_QUERIES = 6  # per client in the steady round: the first and last of each client's are not timed
+STEADY_QUERIES = 6  # per client in the steady round, of which 4 x the clients' answers are counted
 
 
 async def probe_rounds(
