@@ -82,7 +82,7 @@ def bench_engine(spec, batches: list[int], rounds: int, skip_st: bool) -> None:
 
     import torch
 
-    from windve.engine_process.instance import CpuWorkerInstance
+    from windve.engine_process.instance import EngineProcessInstance
     from windve.engines import pad_batch
     from windve.engines.torch_engine import TorchEngine
 
@@ -95,7 +95,7 @@ def bench_engine(spec, batches: list[int], rounds: int, skip_st: bool) -> None:
         from sentence_transformers import SentenceTransformer
 
         st_model = SentenceTransformer(str(spec.path), device="cpu")
-    worker = CpuWorkerInstance(spec, name="g1-all-cores", rank_cores=[cores], numa_nodes=[0])
+    worker = EngineProcessInstance(spec, name="g1-all-cores", rank_cores=[cores], numa_nodes=[0])
     with asyncio.Runner() as runner:
         start(worker, runner)
         try:
@@ -131,7 +131,7 @@ def bench_engine(spec, batches: list[int], rounds: int, skip_st: bool) -> None:
 def bench_tp(spec, batches: list[int], rounds: int) -> None:
     import asyncio
 
-    from windve.engine_process.instance import CpuWorkerInstance
+    from windve.engine_process.instance import EngineProcessInstance
 
     _, ids = make_queries(spec, max(batches))
     plans = {
@@ -140,7 +140,7 @@ def bench_tp(spec, batches: list[int], rounds: int) -> None:
         "G=2, ranks on [0] and [1]": [[0], [1]],
     }
     instances = {
-        label: CpuWorkerInstance(
+        label: EngineProcessInstance(
             spec, name=f"tp{len(cores)}-{i}", rank_cores=cores, numa_nodes=[0] * len(cores)
         )
         for i, (label, cores) in enumerate(plans.items())

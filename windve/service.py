@@ -360,7 +360,7 @@ def build_instance(
 ) -> Instance:
     """An engine process for any device: a CPU instance gets one TP rank per NUMA node it
     spans; an accelerator instance one process pinned to its feeding core(s)."""
-    from windve.engine_process.instance import CpuWorkerInstance
+    from windve.engine_process.instance import EngineProcessInstance
 
     topology = hardware.topology
     if inst.device == "cpu":
@@ -370,7 +370,7 @@ def build_instance(
         rank_cores = [list(inst.cores)]
         nodes = [topology.node_of(inst.cores[0]) if inst.cores else 0]
     accelerator_pool = inst.pool == "accelerator"
-    return CpuWorkerInstance(
+    return EngineProcessInstance(
         spec,
         name=inst.name,
         rank_cores=rank_cores,

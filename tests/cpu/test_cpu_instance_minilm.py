@@ -12,14 +12,14 @@ import pytest
 from cpu_helpers import assert_close, own_segments, reference_embeddings, token_batch
 
 from queue_manager.protocol import Instance, InstanceFailed
-from windve.engine_process.instance import CpuWorkerInstance
+from windve.engine_process.instance import EngineProcessInstance
 
 REDUCE_TIMEOUT = 4.0  # generous: ranks on a loaded machine must not time out by accident
 
 
 @pytest.fixture(scope="module")
 def g1(minilm_spec, run_async):
-    instance = CpuWorkerInstance(minilm_spec, name="g1", rank_cores=[[0, 1]], numa_nodes=[0])
+    instance = EngineProcessInstance(minilm_spec, name="g1", rank_cores=[[0, 1]], numa_nodes=[0])
     run_async(instance.start())
     yield instance
     run_async(instance.close())
@@ -29,7 +29,7 @@ def g1(minilm_spec, run_async):
 def g2(minilm_spec, run_async):
     # max_batch_tokens=64 -> 512-token input buffers and 512x384-float reduce slots: the
     # 16 x 75-token batch below is split into requests and its reduces into chunks.
-    instance = CpuWorkerInstance(
+    instance = EngineProcessInstance(
         minilm_spec,
         name="g2",
         rank_cores=[[0], [1]],

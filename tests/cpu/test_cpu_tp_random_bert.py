@@ -10,7 +10,7 @@ from cpu_helpers import assert_close, own_segments, reference_embeddings, token_
 
 from queue_manager.protocol import InstanceFailed
 from windve.cpu.bert_shapes import TensorParallelError
-from windve.engine_process.instance import CpuWorkerInstance
+from windve.engine_process.instance import EngineProcessInstance
 from windve.engines.torch_engine import TorchEngine
 from windve.model import load_model_spec
 
@@ -33,7 +33,7 @@ def models(tmp_path_factory):
 def test_tp_matches_the_unsharded_model(models, run_async, model, rank_cores):
     spec = models[model]
     assert spec.pooling == ("cls" if model == "cls" else "mean")
-    instance = CpuWorkerInstance(
+    instance = EngineProcessInstance(
         spec, name=f"rand-{model}", rank_cores=rank_cores, numa_nodes=[0] * len(rank_cores)
     )
     run_async(instance.start())
@@ -47,7 +47,7 @@ def test_tp_matches_the_unsharded_model(models, run_async, model, rank_cores):
 
 def test_single_onnx_worker_matches_the_torch_reference(models, run_async, tmp_path):
     spec = models["mean"]
-    instance = CpuWorkerInstance(
+    instance = EngineProcessInstance(
         spec,
         name="onnx",
         rank_cores=[[1]],
@@ -67,26 +67,26 @@ def test_single_onnx_worker_matches_the_torch_reference(models, run_async, tmp_p
 
 def test_a_degree_that_does_not_divide_the_heads_is_refused_naming_both(models):
     with pytest.raises(TensorParallelError, match=r"degree 4 does not divide the model's 6 attention heads"):
-        CpuWorkerInstance(models["odd"], name="odd", rank_cores=[[0], [1], [0], [1]], numa_nodes=[0] * 4)
+        EngineProcessInstance(models["odd"], name="odd", rank_cores=[[0], [1], [0], [1]], numa_nodes=[0] * 4)
 
 
 def test_tp_needs_the_torch_engine(models):
     with pytest.raises(ValueError, match="torch engine only"):
-        CpuWorkerInstance(models["mean"], name="x", rank_cores=[[0], [1]], numa_nodes=[0, 0], engine="onnx")
+        EngineProcessInstance(models["mean"], name="x", rank_cores=[[0], [1]], numa_nodes=[0, 0], engine="onnx")
 
 
 def test_plan_shape_mismatches_are_refused(models):
     with pytest.raises(ValueError, match="2 ranks but 1 NUMA nodes"):
-        CpuWorkerInstance(models["mean"], name="x", rank_cores=[[0], [1]], numa_nodes=[0])
+        EngineProcessInstance(models["mean"], name="x", rank_cores=[[0], [1]], numa_nodes=[0])
     with pytest.raises(ValueError, match="at least one core"):
-        CpuWorkerInstance(models["mean"], name="x", rank_cores=[[0], []], numa_nodes=[0, 0])
+        EngineProcessInstance(models["mean"], name="x", rank_cores=[[0], []], numa_nodes=[0, 0])
 
 
 def test_a_rank_that_cannot_start_fails_start_and_leaves_nothing(tmp_path, run_async):
     folder = write_random_bert(tmp_path / "broken", heads=4)
     spec = load_model_spec(str(folder))
     (folder / "model.safetensors").unlink()  # the ranks will find no weights
-    instance = CpuWorkerInstance(
+    instance = EngineProcessInstance(
         spec, name="broken", rank_cores=[[0], [1]], numa_nodes=[0, 0], start_timeout=60
     )
     with pytest.raises(InstanceFailed, match=r"rank \d failed to start: KeyError: .*not found"):
@@ -99,7 +99,7 @@ def test_xlm_roberta_positions_start_after_the_padding_index(models, run_async):
     """64 position embeddings, counted from padding_idx + 1 = 2: 62 tokens fit, 63 are refused."""
     spec = models["xlmr"]
     assert spec.max_seq_length == 62
-    instance = CpuWorkerInstance(spec, name="xlmr-long", rank_cores=[[0], [1]], numa_nodes=[0, 0])
+    instance = EngineProcessInstance(spec, name="xlmr-long", rank_cores=[[0], [1]], numa_nodes=[0, 0])
     run_async(instance.start())
     try:
         longest = token_batch(2, 120, lengths=[62, 5], seed=3)

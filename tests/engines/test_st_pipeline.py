@@ -96,10 +96,10 @@ def test_engines_apply_the_dense_head(dense_model, engine, tmp_path):
 
 
 def test_the_tensor_parallel_core_applies_the_dense_head(dense_model):
-    from windve.engine_process.instance import CpuWorkerInstance
+    from windve.engine_process.instance import EngineProcessInstance
 
     spec = load_model_spec(str(dense_model))
-    instance = CpuWorkerInstance(spec, name="st-dense", rank_cores=[[0], [1]], numa_nodes=[0, 0])
+    instance = EngineProcessInstance(spec, name="st-dense", rank_cores=[[0], [1]], numa_nodes=[0, 0])
     with asyncio.Runner() as runner:
         runner.run(instance.start())
         try:

@@ -56,7 +56,7 @@ ENGINE_COMPUTE = Histogram(
 )
 
 
-class CpuWorkerInstance:
+class EngineProcessInstance:
     """Embeds batches in pinned engine processes on `device`; G = len(rank_cores) TP ranks (CPU only)."""
 
     def __init__(
