@@ -10,13 +10,17 @@ Supported, as sentence-transformers 3.x to 6.x save them:
 - Pooling: cls, max, mean, mean_sqrt_len_tokens, weightedmean or lasttoken, or several of
   them concatenated; configs in 6.x form (`pooling_mode`, `embedding_dimension`) or the older
   booleans (`pooling_mode_mean_tokens`, ..., `word_embedding_dimension`). `include_prompt`
-  never matters here: this service applies no prompts.
+  is recorded: a prompt is pooled with its text (true, the default) or left out (false, which
+  this service does not do: the front end refuses a prompt for such a model).
 - Dense: a linear layer, an activation from DENSE_ACTIVATIONS, optionally the residual of
   6.x; weights from its model.safetensors only.
 - Normalize: recorded as `normalize`; the front end applies it.
 
 A folder without modules.json is a plain transformer with mean pooling, as
 sentence-transformers assumes. Any other module type, or another order, is a ModelError.
+
+Prompts: config_sentence_transformers.json's `prompts` (name -> text put in front of each input)
+and `default_prompt_name`, which sentence-transformers applies when a caller names no prompt.
 
 Matryoshka dimensions: sentence-transformers declares none in config_sentence_transformers.json;
 the only trace is the model card it writes after training with MatryoshkaLoss (the loss's
@@ -87,6 +91,7 @@ class Pipeline:
     dense: tuple[DenseLayer, ...]
     normalize: bool
     dim: int  # the output: pooled width, or the last Dense layer's out_features
+    include_prompt: bool = True  # Pooling's include_prompt: the prompt's tokens are pooled too
 
 
 @dataclass(frozen=True)
@@ -103,6 +108,9 @@ class ModelSpec:
     trust_remote_code: bool = False
     dense: tuple[DenseLayer, ...] = ()  # applied in order after pooling
     matryoshka_dims: tuple[int, ...] = ()  # prefixes the model was trained to serve, largest first; () = none
+    prompts: tuple[tuple[str, str], ...] = ()  # (name, text put in front of an input), as saved
+    default_prompt_name: str | None = None  # applied where a request names no prompt
+    include_prompt: bool = True  # False: the model pools without its prompt's tokens
 
     def __post_init__(self) -> None:
         # Worker processes receive the spec as JSON (RankPlan): lists and dicts come back, rebuilt here.
@@ -110,6 +118,11 @@ class ModelSpec:
         dense = tuple(layer if isinstance(layer, DenseLayer) else DenseLayer(**layer) for layer in self.dense)
         object.__setattr__(self, "dense", dense)
         object.__setattr__(self, "matryoshka_dims", tuple(int(dim) for dim in self.matryoshka_dims))
+        object.__setattr__(self, "prompts", tuple((str(name), str(text)) for name, text in self.prompts))
+
+    def prompt(self, name: str) -> str:
+        """The text of the model's prompt `name`; KeyError if it has none of that name."""
+        return dict(self.prompts)[name]
 
 
 def bundled_model_path() -> Path:
@@ -178,7 +191,21 @@ def load_model_spec(
         trust_remote_code=trust_remote_code,
         dense=pipeline.dense,
         matryoshka_dims=dims,
+        include_prompt=pipeline.include_prompt,
+        **_prompts(path),
     )
+
+
+def _prompts(path: Path) -> dict:
+    """ModelSpec's prompts and default_prompt_name, from config_sentence_transformers.json."""
+    config = _module_config(path, "config_sentence_transformers.json")
+    prompts = config.get("prompts") or {}
+    default = config.get("default_prompt_name")
+    if not isinstance(prompts, dict) or not all(isinstance(text, str) for text in prompts.values()):
+        raise ModelError(f"model {path}: config_sentence_transformers.json prompts must map names to texts")
+    if default is not None and default not in prompts:
+        raise ModelError(f"model {path}: default_prompt_name {default!r} is not one of its prompts {sorted(prompts)}")
+    return {"prompts": tuple(sorted(prompts.items())), "default_prompt_name": default}
 
 
 def pad_token_id(config: dict) -> int:
@@ -207,20 +234,21 @@ def read_pipeline(path: Path, config: dict | None = None) -> Pipeline:
         raise ModelError(
             f"model {path}: modules {' -> '.join(kinds)} are not supported; {SUPPORTED_TEXT}"
         )
-    pooling, dense, normalize, dim = "mean", [], False, hidden
+    pooling, dense, normalize, dim, include_prompt = "mean", [], False, hidden, True
     for kind, module in zip(kinds, modules):
         folder = _module_folder(path, module)
         if kind == "Transformer":
             _check_transformer(path, folder)
         elif kind == "Pooling":
             pooling, dim = _read_pooling(path, folder, hidden)
+            include_prompt = bool(_module_config(folder).get("include_prompt", True))
         elif kind == "Dense":
             dense.append(_read_dense(path, folder, dim))
             dim = dense[-1].out_features
         else:
             _check_io_names(path, folder, "Normalize")
             normalize = True
-    return Pipeline(pooling=pooling, dense=tuple(dense), normalize=normalize, dim=dim)
+    return Pipeline(pooling=pooling, dense=tuple(dense), normalize=normalize, dim=dim, include_prompt=include_prompt)
 
 
 def _module_kind(path: Path, module: dict) -> str:

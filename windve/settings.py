@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 
@@ -61,6 +61,10 @@ class Settings(BaseSettings):
     truncate: bool = True  # default for requests that do not say
     max_input_tokens: int | None = Field(None, ge=8)  # cap below the model's own limit
     matryoshka_dims: list[int] | None = None  # dimensions `dimensions` may ask for; None = the model's
+    # Put in front of every input of a request that names no prompt (TEI's flags of these names):
+    # one of the model's prompts by name, or a text. Neither: the model's default_prompt_name, if any.
+    default_prompt_name: str | None = None
+    default_prompt: str | None = None
 
     # Batching and queueing
     max_batch_size: int = Field(32, ge=1)  # CPU pool: queries per batch
@@ -101,6 +105,12 @@ class Settings(BaseSettings):
 
             return sorted(parse_cpulist(value))
         return value
+
+    @model_validator(mode="after")
+    def _one_default_prompt(self) -> Settings:
+        if self.default_prompt_name is not None and self.default_prompt is not None:
+            raise ValueError("set default_prompt_name or default_prompt, not both")
+        return self
 
     @classmethod
     def settings_customise_sources(

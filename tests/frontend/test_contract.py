@@ -199,7 +199,7 @@ def test_huggingface_inference_client_given_the_base_url(server, expected, monke
         ({"truncation_direction": "right"}, 200, None),
         ({"truncation_direction": "Right"}, 200, None),
         ({"truncation_direction": "left"}, 422, "truncation_direction: Value error, 'left' is not supported"),
-        ({"prompt_name": "query"}, 422, "prompt_name: Value error, prompts are not applied"),
+        ({"prompt_name": "query"}, 422, "prompt_name 'query' is not one of model"),
         ({"prompt_name": None}, 200, None),
     ],
 )
@@ -235,7 +235,7 @@ def test_tokenize_counts_past_the_models_limit(client):
         ({"inputs": []}, 422, "inputs must not be empty"),
         ({"inputs": ["ok", ""]}, 422, "inputs[1] is an empty string"),
         ({"inputs": "x", "add_special_tokens": "yes"}, 422, "add_special_tokens"),
-        ({"inputs": "x", "prompt_name": "query"}, 422, "prompt_name"),
+        ({"inputs": "x", "prompt_name": "query"}, 422, "prompts (none)"),
     ],
 )
 def test_tokenize_bad_input(client, payload, status, fragment):

@@ -19,6 +19,8 @@ from windve.cache import EmbeddingCache, cache_keys
 from windve.frontend import metrics
 from windve.frontend.context import FrontEnd
 from windve.frontend.errors import BACKEND, OVERLOADED, TOO_LARGE, UNHEALTHY, VALIDATION, ApiError
+from windve.model import ModelSpec
+from windve.settings import Settings
 from windve.tokenizer import InputTooLong
 
 INLINE_TOKENIZE_CHARS = 16_384  # below this many characters a request is tokenized on the loop
@@ -35,6 +37,7 @@ class EmbeddingPipeline:
         self.settings = runtime.settings
         self.dispatcher = runtime.dispatcher
         self.cache = cache
+        self.default_prompt = default_prompt(runtime.spec, self.settings)
 
     def check_inputs(self, texts: Sequence[str], field: str) -> None:
         if not texts:
@@ -51,14 +54,33 @@ class EmbeddingPipeline:
             if not text:
                 raise ApiError(422, f"{field}[{index}] is an empty string", VALIDATION, param=field)
 
+    def prompted(self, texts: Sequence[str], prompt_name: str | None) -> Sequence[str]:
+        """`texts` with the prompt `prompt_name` (None: the default one) in front, as
+        sentence-transformers' encode puts it; a 422 for a name the model does not have."""
+        prompt = self.default_prompt if prompt_name is None else self._named_prompt(prompt_name)
+        return [prompt + text for text in texts] if prompt else texts
+
+    def _named_prompt(self, name: str) -> str:
+        try:
+            return prompt_text(self.runtime.spec, name)
+        except ValueError as error:
+            raise ApiError(422, str(error), VALIDATION, param="prompt_name") from None
+
     async def embed(
-        self, texts: Sequence[str], normalize: bool, truncate: bool | None, request: Request, field: str
+        self,
+        texts: Sequence[str],
+        normalize: bool,
+        truncate: bool | None,
+        request: Request,
+        field: str,
+        prompt_name: str | None = None,
     ) -> tuple[np.ndarray, int]:
-        """Embeddings [len(texts), dim] and the number of tokens embedded."""
+        """Embeddings [len(texts), dim] and the number of tokens embedded, the prompt's included."""
         # From when the HTTP protocol parsed the request (http_protocol.py stamps it): under load
         # the handler starts a whole event-loop turn later, and the depth control must count that.
         arrived = request.scope.get(ARRIVED, time.perf_counter())
         self.check_inputs(texts, field)
+        texts = self.prompted(texts, prompt_name)
         truncate = self.settings.truncate if truncate is None else truncate
         keys = self._cache_keys(texts, normalize, truncate)
         use = cache_use(request.headers.get("cache-control", ""))
@@ -146,6 +168,33 @@ class EmbeddingPipeline:
             raise refusal(exc) from None
         except QueryFailed as exc:
             raise ApiError(503, f"inference failed: {exc}", BACKEND, retry_after=1) from None
+
+
+def default_prompt(spec: ModelSpec, settings: Settings) -> str:
+    """The prompt for requests that name none: the setting's text or name, else the model's default.
+    ValueError (the service does not start) where `prompt_text` refuses it."""
+    if settings.default_prompt is not None:
+        return poolable(spec, settings.default_prompt)
+    name = settings.default_prompt_name or spec.default_prompt_name
+    return "" if name is None else prompt_text(spec, name)
+
+
+def prompt_text(spec: ModelSpec, name: str) -> str:
+    """The model's prompt `name`; ValueError for a name it does not have."""
+    try:
+        return poolable(spec, spec.prompt(name))
+    except KeyError:
+        names = ", ".join(name for name, _ in spec.prompts) or "none"
+        raise ValueError(f"prompt_name {name!r} is not one of model {spec.name}'s prompts ({names})") from None
+
+
+def poolable(spec: ModelSpec, prompt: str) -> str:
+    """`prompt`, unless the model pools without its prompt's tokens (include_prompt: false), which
+    the engines do not do: then ValueError rather than vectors unlike sentence-transformers'."""
+    if prompt and not spec.include_prompt:
+        raise ValueError(f"model {spec.name} pools without its prompt (include_prompt: false), which this service "
+                         "does not do")
+    return prompt
 
 
 class CacheUse(NamedTuple):

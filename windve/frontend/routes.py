@@ -109,7 +109,9 @@ async def embed(request: Request) -> Response:
         body = await _request_body(request, EmbedRequest)
         pipeline = _pipeline(request)
         dimensions = requested_dimensions(body.dimensions, pipeline.runtime.spec, _state(request).settings)
-        vectors, _ = await pipeline.embed(body.texts, body.normalize, body.truncate, request, "inputs")
+        vectors, _ = await pipeline.embed(
+            body.texts, body.normalize, body.truncate, request, "inputs", body.prompt_name
+        )
         return json_response(cut(vectors, dimensions, renormalize=body.normalize))
 
     return await _answered(request, "embed", handle, ApiError.tei_response)
@@ -130,7 +132,7 @@ async def tokenize(request: Request) -> Response:
         state = _state(request)
         answer = await tokenize_within_limits(
             pipeline.runtime.tokenizer,
-            body.texts,
+            pipeline.prompted(body.texts, body.prompt_name),
             body.add_special_tokens,
             state.settings.max_tokenize_tokens,
             state.tokenize_budget,
@@ -282,6 +284,8 @@ async def info(request: Request) -> Response:
             "engine": settings.engine,
             "dtype": runtime.dtype,
             "dimensions": list(allowed_dimensions(spec, settings)),
+            "prompts": dict(spec.prompts),
+            "default_prompt": state.pipeline.default_prompt if state.pipeline is not None else None,
         }
         try:
             body.update(await runtime.dispatcher.info())

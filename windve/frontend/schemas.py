@@ -32,20 +32,16 @@ _DIMENSIONS = (
 
 
 class _TeiInputs(BaseModel):
-    """The texts of a TEI request, and the options TEI clients send that this service cannot honour."""
+    """The texts of a TEI request, and the prompt to put in front of each."""
 
     model_config = ConfigDict(extra="ignore")
 
     inputs: StrictStr | list[StrictStr] = Field(description="One text or a list of texts")
-    # huggingface_hub's InferenceClient sends this; ignoring it would change the answer without a word.
-    prompt_name: None = Field(None, description="Not supported: put the prompt in front of the text")
-
-    @field_validator("prompt_name", mode="before")
-    @classmethod
-    def _no_prompts(cls, value: object) -> None:
-        if value is not None:
-            raise ValueError("prompts are not applied by this service; put the prompt in front of the text")
-        return None
+    prompt_name: StrictStr | None = Field(
+        None,
+        description="One of the model's sentence-transformers prompts (/info model.prompts), put in front of "
+        "each input; default: the server's default prompt, else the model's default_prompt_name",
+    )
 
     @property
     def texts(self) -> list[str]:
