@@ -160,7 +160,11 @@ class _Client:
         """`clients` connections, each posting `queries` requests back to back; every answer's latency,
         in the order the answers came."""
         connections = await self._connections(clients)  # before the clock: no connect is timed
-        requests = [[next(self.requests) for _ in range(queries)] for _ in range(clients)]
+        # Off the loop: making hundreds of exact-length texts takes the tokenizer a while, and with
+        # several front ends this loop is the dispatcher's, whose state board must stay fresh.
+        requests = await asyncio.to_thread(
+            lambda: [[next(self.requests) for _ in range(queries)] for _ in range(clients)]
+        )
         answered: list[float] = []
 
         async def client(connection: _Connection, own: list[bytes]) -> None:
