@@ -184,7 +184,7 @@ def prompt_text(spec: ModelSpec, name: str) -> str:
     try:
         return poolable(spec, spec.prompt(name))
     except KeyError:
-        names = ", ".join(name for name, _ in spec.prompts) or "none"
+        names = ", ".join(known for known, _ in spec.prompts) or "none"
         raise ValueError(f"prompt_name {name!r} is not one of model {spec.name}'s prompts ({names})") from None
 
 
