@@ -8,12 +8,15 @@ every few milliseconds: admission itself is decided by the dispatcher, atomicall
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import struct
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from windve.shared_record import SharedRecord, TornRead
 
 # ready, draining, health (0 none, 1 degraded, 2 ok, 3 no healthy instance), warming, free room,
 # retry-after seconds, stamp (monotonic seconds of the last refresh)
@@ -47,24 +50,27 @@ class StateBoard:
         self.path = Path(path)
         flags = os.O_RDWR | (os.O_CREAT if create else 0)
         fd = os.open(self.path, flags, 0o600)
+        size = SharedRecord.size(_LAYOUT)
         try:
             if create:
-                os.ftruncate(fd, _LAYOUT.size)
-            self._map = mmap.mmap(fd, _LAYOUT.size)
+                os.ftruncate(fd, size)
+            self._map = mmap.mmap(fd, size)
         finally:
             os.close(fd)
+        self._record = SharedRecord(self._map, _LAYOUT)  # whole records only: a torn one read as stale
         if create:
             self.write(ready=False, draining=False, health=STARTING, free_room=0, retry_after=1.0)
 
     def write(
         self, *, ready: bool, draining: bool, health: int, free_room: int, retry_after: float, warming: bool = False
     ) -> None:
-        _LAYOUT.pack_into(
-            self._map, 0, ready, draining, health, warming, free_room, retry_after, time.monotonic()
-        )
+        self._record.write(ready, draining, health, warming, free_room, retry_after, time.monotonic())
 
     def read(self) -> BoardState:
-        ready, draining, health, warming, free_room, retry_after, stamp = _LAYOUT.unpack_from(self._map, 0)
+        try:
+            ready, draining, health, warming, free_room, retry_after, stamp = self._record.read()
+        except TornRead:  # the dispatcher died in the middle of a write: it is gone
+            return BoardState(False, False, UNAVAILABLE, 0, 1.0, math.inf)
         age = time.monotonic() - stamp
         return BoardState(bool(ready), bool(draining), health, free_room, retry_after, age, bool(warming))
 

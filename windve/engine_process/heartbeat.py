@@ -1,4 +1,4 @@
-"""A liveness beat from an engine process to the dispatcher, through 8 shared bytes.
+"""A liveness beat from an engine process to the dispatcher, through a shared 8-byte stamp.
 
 The worker's beating thread stamps CLOCK_MONOTONIC (the same clock in every process of
 the machine) into a memfd the parent created and passed down; the parent reads the stamp
@@ -16,6 +16,8 @@ import struct
 import threading
 import time
 
+from windve.shared_record import SharedRecord, TornRead
+
 _STAMP = struct.Struct("<d")
 BEAT_SECONDS = 0.25
 # A stamp later than this past the reader's clock is no stamp of this machine's workers.
@@ -29,23 +31,25 @@ class HeartbeatBoard:
 
     def __init__(self) -> None:
         self.fd = os.memfd_create("windve-heartbeat", 0)  # no MFD_CLOEXEC flag: children inherit it
-        os.ftruncate(self.fd, _STAMP.size)
-        self._map = mmap.mmap(self.fd, _STAMP.size)
+        os.ftruncate(self.fd, SharedRecord.size(_STAMP))
+        self._map = mmap.mmap(self.fd, SharedRecord.size(_STAMP))
+        self._record = SharedRecord(self._map, _STAMP)
         self.created = time.monotonic()
         self._warned = False  # about an impossible stamp: once per board
         self.reset()
 
     def reset(self) -> None:
-        """Count from now: a freshly started worker has until the timeout to beat."""
-        _STAMP.pack_into(self._map, 0, time.monotonic())
+        """Count from now: a freshly started worker has until the timeout to beat. Called while no
+        worker beats on this board (a record has one writer at a time)."""
+        self._record.write(time.monotonic())
 
     def age(self) -> float:
         """Seconds since the worker last beat; 0 for a stamp no worker of this board can have
         written (before the board existed, or in the future).
 
         Such a stamp was read once (0.0, 150 ms after a start, in a full test run on
-        2026-11-25) and got a healthy instance killed. The pipe and the batch timeout still
-        catch a dead or stuck worker; the reading is logged with its raw values."""
+        2026-11-25) and got a healthy instance killed: a read torn by a write, which the shared
+        record now rules out (windve/shared_record.py). The check stays, logged with its raw values."""
         stamp, now = self.stamp(), time.monotonic()
         if self.created <= stamp <= now + FUTURE_SLACK:
             return now - stamp
@@ -57,7 +61,10 @@ class HeartbeatBoard:
 
     def stamp(self) -> float:
         """The last beat's CLOCK_MONOTONIC time (the board's creation until the worker beats)."""
-        return _STAMP.unpack_from(self._map, 0)[0]
+        try:
+            return self._record.read()[0]
+        except TornRead:  # the worker died in the middle of a beat: silent since the board was made
+            return self.created
 
     def close(self) -> None:
         self._map.close()
@@ -66,12 +73,12 @@ class HeartbeatBoard:
 
 def start_beating(fd: int, period: float = BEAT_SECONDS) -> threading.Thread:
     """The worker's side: a daemon thread that stamps the board every `period` seconds."""
-    board = mmap.mmap(fd, _STAMP.size)
+    board = SharedRecord(mmap.mmap(fd, SharedRecord.size(_STAMP)), _STAMP)
     os.close(fd)
 
     def beat() -> None:
         while True:
-            _STAMP.pack_into(board, 0, time.monotonic())
+            board.write(time.monotonic())
             time.sleep(period)  # a beat's period, not a wait for a condition
 
     thread = threading.Thread(target=beat, name="heartbeat", daemon=True)

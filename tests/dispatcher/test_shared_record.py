@@ -1,0 +1,82 @@
+"""Shared records (the dispatcher's state board, the engines' heartbeats) are read whole or not at all.
+
+A writer process and a reader on the same mapping, as the dispatcher and its front ends are: every
+record the reader gets is one the writer wrote. With `struct.pack_into` straight onto the mapping
+(before windve/shared_record.py) such a reader saw 0.0 stamps thousands of times in a few seconds.
+"""
+
+from __future__ import annotations
+
+import math
+import mmap
+import multiprocessing
+import os
+import struct
+
+import pytest
+
+from windve.dispatcher.board import OK, StateBoard
+from windve.engine_process.heartbeat import HeartbeatBoard
+from windve.shared_record import SharedRecord, TornRead
+
+LAYOUT = struct.Struct("<qqd")  # i, 3*i, float(i): a record is whole when the three agree
+WRITES = 300_000
+
+
+def _write_many(fd: int, done) -> None:
+    record = SharedRecord(mmap.mmap(fd, SharedRecord.size(LAYOUT)), LAYOUT)
+    for i in range(1, WRITES + 1):
+        record.write(i, 3 * i, float(i))
+    done.set()
+
+
+def test_a_reader_beside_a_busy_writer_gets_only_whole_records():
+    fd = os.memfd_create("test-shared-record", 0)
+    os.ftruncate(fd, SharedRecord.size(LAYOUT))
+    record = SharedRecord(mmap.mmap(fd, SharedRecord.size(LAYOUT)), LAYOUT)
+    record.write(0, 0, 0.0)
+    context = multiprocessing.get_context("fork")
+    done = context.Event()
+    writer = context.Process(target=_write_many, args=(fd, done))
+    writer.start()
+    reads, torn, seen = 0, [], set()
+    try:
+        while not done.is_set():
+            i, triple, as_float = record.read()
+            reads += 1
+            seen.add(i)
+            if triple != 3 * i or as_float != float(i):
+                torn.append((i, triple, as_float))
+    finally:
+        writer.join(timeout=60)
+        os.close(fd)
+    assert writer.exitcode == 0
+    assert torn == []
+    assert len(seen) > 100, f"the reader ran beside the writer for only {len(seen)} records ({reads} reads)"
+    assert record.read() == (WRITES, 3 * WRITES, float(WRITES))
+
+
+def _die_mid_write(buffer) -> None:
+    """What a writer killed between its two sequence numbers leaves: an odd number."""
+    sequence = struct.unpack_from("<Q", buffer, 0)[0]
+    buffer[0:8] = struct.pack("<Q", sequence + 1)
+
+
+def test_a_writer_that_died_mid_write_reads_as_gone_and_the_next_write_repairs_the_record(tmp_path):
+    board = StateBoard(tmp_path / "board", create=True)
+    board.write(ready=True, draining=False, health=OK, free_room=5, retry_after=1.0)
+    _die_mid_write(board._map)
+    with pytest.raises(TornRead):
+        board._record.read()
+    state = board.read()
+    assert not state.alive and state.age == math.inf and not state.ready
+    board.write(ready=True, draining=False, health=OK, free_room=7, retry_after=1.0)
+    assert board.read().alive and board.read().free_room == 7
+    board.close()
+
+    heartbeat = HeartbeatBoard()
+    _die_mid_write(heartbeat._map)
+    assert heartbeat.stamp() == heartbeat.created  # silent since the board was made: the worker is gone
+    heartbeat.reset()
+    assert heartbeat.age() < 1.0
+    heartbeat.close()
