@@ -37,11 +37,30 @@ from windve.frontend.pipeline import ARRIVED
 from windve.frontend.routes import health_answer
 
 HEALTH_PATHS = ("/health", "/")  # GET / is /health too, as TEI answers it
+SHUTDOWN_GRACE = 1.0  # seconds an idle connection stays open once shutdown begins
 
 
 class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
     # (head, body, keep-alive) of an answer to send once the request is read: a refusal, or /health's.
     _refused: tuple[bytes, bytes, bool] | None = None
+    _shutting_down = False
+
+    def shutdown(self) -> None:
+        """The server's graceful shutdown: uvicorn closes an idle keep-alive connection at once, and a
+        request already in its socket, not yet read, is then reset (a client saw "Connection reset by
+        peer" during a SIGTERM drain). An idle connection stays open for SHUTDOWN_GRACE instead; what
+        arrives meanwhile is answered, by a draining service, with `connection: close`."""
+        if self.cycle is None or self.cycle.response_complete:
+            self._shutting_down = True
+            self.loop.call_later(SHUTDOWN_GRACE, self._close_if_idle)
+        else:
+            self.cycle.keep_alive = False
+
+    def _close_if_idle(self) -> None:
+        if self.cycle is None or self.cycle.response_complete:
+            self.transport.close()
+        else:  # a request that came in the grace: its answer closes the connection
+            self.cycle.keep_alive = False
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -50,6 +69,8 @@ class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         if not (self._health_early() or self._refuse_early()):
             super().on_headers_complete()
+            if self._shutting_down and self.cycle is not None:
+                self.cycle.keep_alive = False
 
     def _health_early(self) -> bool:
         method = self.parser.get_method()
@@ -64,7 +85,7 @@ class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
         return True
 
     def _keep_alive(self) -> bool:
-        return self.parser.get_http_version() != "1.0" and self.parser.should_keep_alive()
+        return not self._shutting_down and self.parser.get_http_version() != "1.0" and self.parser.should_keep_alive()
 
     def _may_answer_early(self) -> bool:
         # A pipelined request behind one still running: the normal queue keeps the order.

@@ -1,0 +1,64 @@
+"""A request that reaches an idle keep-alive connection as a SIGTERM drain begins gets an answer.
+
+uvicorn closes idle connections the moment shutdown begins; a request already sent on one, not
+yet read, was reset ("Connection reset by peer" in a full test run). Real `windve serve`, a raw
+socket client: the request is sent once uvicorn has logged "Shutting down", which it does in the
+same step of its loop as shutting its connections down, before it reads anything more.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import time
+
+from tests.servers import start_server
+
+
+def _answer(sock: socket.socket) -> bytes:
+    """One HTTP answer's head and body (Content-Length framed), or what came before the connection ended."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return data
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lengths = [line.split(b":")[1] for line in head.lower().split(b"\r\n") if line.startswith(b"content-length:")]
+    length = int(lengths[0])
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        body += chunk
+    return head + b"\r\n\r\n" + body
+
+
+def test_a_request_sent_as_shutdown_begins_is_answered_and_the_connection_closed(tmp_path):
+    server = start_server(tmp_path, "--cpu-depth", "8", "--cache-size", "0")
+    try:
+        sock = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: windve\r\n\r\n")
+        assert _answer(sock).startswith(b"HTTP/1.1 200 ")  # the connection is now idle, kept alive
+        server.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while "Shutting down" not in server.log():  # uvicorn logs it, then shuts its connections down
+            assert time.monotonic() < deadline, "no shutdown 30 s after SIGTERM"
+            time.sleep(0.005)  # polling the log file for a line another process writes
+        body = json.dumps({"inputs": "sent as the drain began"}).encode()
+        sock.sendall(
+            b"POST /embed HTTP/1.1\r\nHost: windve\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        answer = _answer(sock)
+        status = answer.split(b" ", 2)[1] if answer else b"none"
+        assert status in (b"200", b"429", b"503"), answer[:300]
+        assert b"connection: close" in answer.lower()
+        assert sock.recv(1) == b""  # then closed
+        sock.close()
+        # Exits after the drain (uvicorn re-raises the signal it handled: -SIGTERM).
+        assert server.process.wait(60) in (0, -signal.SIGTERM), server.log()[-2000:]
+    finally:
+        server.stop()
