@@ -52,15 +52,10 @@ class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
         arrives meanwhile is answered, by a draining service, with `connection: close`."""
         if self.cycle is None or self.cycle.response_complete:
             self._shutting_down = True
-            self.loop.call_later(SHUTDOWN_GRACE, self._close_if_idle)
+            # Then uvicorn's own: close if still idle, else let the answer in progress close it.
+            self.loop.call_later(SHUTDOWN_GRACE, super().shutdown)
         else:
-            self.cycle.keep_alive = False
-
-    def _close_if_idle(self) -> None:
-        if self.cycle is None or self.cycle.response_complete:
-            self.transport.close()
-        else:  # a request that came in the grace: its answer closes the connection
-            self.cycle.keep_alive = False
+            super().shutdown()
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
