@@ -11,6 +11,7 @@ nothing of the request stays queued; with no instance able to serve, Unavailable
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import math
 import time
@@ -115,7 +116,6 @@ class QueueManager:
         await asyncio.gather(*(slot.instance.start() for slot in slots))
         for slot in slots:
             slot.healthy = True
-            slot.task = asyncio.create_task(self._batcher(slot), name=f"batcher-{slot.name}")
         if self._measured and self.control_interval:
             self._control_task = asyncio.create_task(self._control_loop(), name="depth-control")
 
@@ -137,8 +137,7 @@ class QueueManager:
             task.cancel()
         for pool in self.pools:
             for slot in pool.instances:
-                for task in slot.tasks():
-                    task.cancel()
+                self._abandon_batches(slot, QueryFailed("the service is shutting down"))
         for request in self._backlog.clear():
             request.fail(QueryFailed("the service is shutting down"))
         for pool in self.pools:
@@ -358,7 +357,11 @@ class QueueManager:
     def _enqueue(self, slot: InstanceSlot, query: Query) -> None:
         query.slot = slot
         slot.queue.append(query)
-        slot.wakeup.set()
+        if not slot.fill_due:
+            # At the loop's next step, not now: the queries admitted in this step (one per request
+            # read) join one batch rather than each leaving alone.
+            slot.fill_due = True
+            asyncio.get_running_loop().call_soon(self._fill_due, slot)
 
     def _finish(self, query: Query) -> None:
         """Free the query's slot in its pool: exactly once per admitted query."""
@@ -444,15 +447,18 @@ class QueueManager:
                 skipped += 1
         return batch
 
-    async def _batcher(self, slot: InstanceSlot) -> None:
-        """Hand the slot's queue to its instance in batches, up to `slot.pipeline` at once."""
-        pool_metrics = slot.pool.metrics
-        generation = slot.generation
-        while True:
-            if not slot.queue or len(slot.running) >= slot.pipeline:
-                slot.wakeup.clear()
-                await slot.wakeup.wait()
-                continue
+    def _fill_due(self, slot: InstanceSlot) -> None:
+        slot.fill_due = False
+        self._fill(slot)
+
+    def _fill(self, slot: InstanceSlot) -> None:
+        """Hand the slot's queue to its instance in batches, up to `slot.pipeline` at once.
+
+        Called in the loop step that admits queries or learns of an answer, with no task between:
+        where the event loop is busy (thousands of refusals a second), every step between an
+        engine's answer and its next batch is an engine idle (bench/SERVED.md).
+        """
+        while slot.healthy and slot.queue and len(slot.running) < slot.pipeline:
             batch = self._take_batch(slot)
             slot.in_batch += len(batch)
             slot.running.append(batch)
@@ -460,31 +466,69 @@ class QueueManager:
                 slot.pool.note_padding(batch)
             sent = self._now()
             for query in batch:
-                pool_metrics.queue_time.observe(sent - query.enqueued)
-            pool_metrics.batch_tokens.observe(len(batch) * max(query.tokens for query in batch))
-            task = asyncio.create_task(self._run_batch(slot, batch, generation, sent), name=f"batch-{slot.name}")
+                slot.pool.metrics.queue_time.observe(sent - query.enqueued)
+            slot.pool.metrics.batch_tokens.observe(len(batch) * max(query.tokens for query in batch))
+            self._launch(slot, batch, sent)
+
+    def _launch(self, slot: InstanceSlot, batch: list[Query], sent: float) -> None:
+        """Start the batch on the instance. An instance with `submit` starts it in this call and its
+        answer lands in the loop's next step; one with only `embed` runs in a task."""
+        generation, sequences = slot.generation, [query.ids for query in batch]
+        submit = getattr(slot.instance, "submit", None)
+        if submit is None:
+            task = asyncio.create_task(self._embed_batch(slot, batch, generation, sent), name=f"batch-{slot.name}")
             slot.batch_tasks.add(task)
             task.add_done_callback(slot.batch_tasks.discard)
+            return
+        loop = asyncio.get_running_loop()
 
-    async def _run_batch(self, slot: InstanceSlot, batch: list[Query], generation: int, sent: float) -> None:
-        pool_metrics = slot.pool.metrics
+        def settled(future: concurrent.futures.Future) -> None:  # on the instance's thread
+            try:
+                loop.call_soon_threadsafe(self._batch_settled, slot, batch, generation, sent, future)
+            except RuntimeError:
+                pass  # the loop has closed: nothing waits for these answers any more
+
+        try:
+            future = submit(sequences)
+        except Exception as error:  # noqa: BLE001 - a stopped instance refuses at once
+            future = concurrent.futures.Future()
+            future.set_exception(error)
+        future.add_done_callback(settled)
+
+    async def _embed_batch(self, slot: InstanceSlot, batch: list[Query], generation: int, sent: float) -> None:
         try:
             vectors = await slot.instance.embed([query.ids for query in batch])
-            if len(vectors) != len(batch):
-                raise QueryFailed(f"instance {slot.name} returned {len(vectors)} vectors for {len(batch)} queries")
         except asyncio.CancelledError:
-            if slot.generation != generation:
-                return  # declared down: its queries were moved already
-            self._forget_batch(slot, batch)
-            self._fail_batch(batch, QueryFailed("the service is shutting down"))
+            if slot.generation == generation:  # cancelled by close(), not by a take-down
+                self._forget_batch(slot, batch)
+                self._fail_batch(batch, QueryFailed("the service is shutting down"))
             raise
         except Exception as error:  # noqa: BLE001 - any instance error triggers failover
-            if slot.generation != generation:
-                return  # an earlier batch's failure moved this one too
+            if slot.generation == generation:
+                self._take_down(slot, error)
+            return
+        self._batch_answered(slot, batch, generation, sent, vectors)
+
+    def _batch_settled(
+        self, slot: InstanceSlot, batch: list[Query], generation: int, sent: float, future: concurrent.futures.Future
+    ) -> None:
+        if slot.generation != generation:
+            return  # the instance was declared down (or closed): its queries were moved or failed
+        error = future.exception()
+        if error is not None:
             self._take_down(slot, error)
-            return  # the restart task starts a new batcher for this slot
+            return
+        self._batch_answered(slot, batch, generation, sent, future.result())
+
+    def _batch_answered(
+        self, slot: InstanceSlot, batch: list[Query], generation: int, sent: float, vectors: np.ndarray
+    ) -> None:
         if slot.generation != generation:
             return  # answers of an instance declared down: its queries were moved and run elsewhere
+        if len(vectors) != len(batch):
+            wrong = f"instance {slot.name} returned {len(vectors)} vectors for {len(batch)} queries"
+            self._take_down(slot, QueryFailed(wrong))
+            return
         answered = self._now()
         # A pipelined batch waited in the engine's pipe for the one before: its own compute
         # started when that one was answered.
@@ -493,10 +537,19 @@ class QueueManager:
         self._forget_batch(slot, batch)
         slot.batches += 1
         slot.note_batch(len(batch), elapsed)
-        pool_metrics.inference_time.observe(elapsed)
-        pool_metrics.batch_size.observe(len(batch))
+        slot.pool.metrics.inference_time.observe(elapsed)
+        slot.pool.metrics.batch_size.observe(len(batch))
         self._complete(batch, vectors)
-        slot.wakeup.set()  # room in the pipeline: the batcher may send another
+        self._fill(slot)  # room in the pipeline
+
+    def _abandon_batches(self, slot: InstanceSlot, error: Exception) -> None:
+        """Fail the slot's running batches and let go of their answers (closing)."""
+        batches, slot.running, slot.in_batch = slot.running, [], 0
+        slot.generation += 1
+        for task in list(slot.batch_tasks):
+            task.cancel()
+        for batch in batches:
+            self._fail_batch(batch, error)
 
     @staticmethod
     def _forget_batch(slot: InstanceSlot, batch: list[Query]) -> None:
@@ -521,7 +574,7 @@ class QueueManager:
         """The instance failed: stop its batcher and batches, move their queries, restart it."""
         batches, slot.running, slot.in_batch = slot.running, [], 0
         slot.generation += 1
-        for task in slot.tasks():
+        for task in list(slot.batch_tasks):
             if task is not asyncio.current_task():
                 task.cancel()
         computing = batches[0] if batches else []
@@ -586,7 +639,7 @@ class QueueManager:
         slot.restarting = False
         slot.healthy = True
         log.info("instance %s is back", slot.name)
-        slot.task = asyncio.create_task(self._batcher(slot), name=f"batcher-{slot.name}")
+        self._fill(slot)
         self._freed()  # bulk requests may have waited for any pool to serve again
 
     def _fail_query(self, query: Query, error: Exception) -> None:

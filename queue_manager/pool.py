@@ -115,7 +115,7 @@ class Query:
 
 @dataclass(eq=False)
 class InstanceSlot:
-    """An instance plus its own FIFO queue; the batcher task drains it."""
+    """An instance plus its own FIFO queue, which the queue manager hands to it in batches."""
 
     instance: Instance
     pool: Pool
@@ -129,8 +129,7 @@ class InstanceSlot:
     generation: int = 0  # bumped by instance_down: the batcher it replaced must let go quietly
     healthy: bool = False
     restarting: bool = False
-    wakeup: asyncio.Event = field(default_factory=asyncio.Event)
-    task: asyncio.Task | None = None
+    fill_due: bool = False  # a fill is scheduled for the loop's next step
     batches: int = 0
     failures: int = 0
     # Queries per second of busy time, exponentially weighted: feeds Retry-After.
@@ -143,10 +142,6 @@ class InstanceSlot:
     @property
     def load(self) -> int:
         return len(self.queue) + self.in_batch
-
-    def tasks(self) -> list[asyncio.Task]:
-        """The batcher and the batches it has running."""
-        return [task for task in (self.task, *self.batch_tasks) if task is not None]
 
     @property
     def pipeline(self) -> int:

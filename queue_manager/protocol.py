@@ -47,13 +47,17 @@ class Unavailable(Exception):
 
 @runtime_checkable
 class Instance(Protocol):
-    """One model instance. `embed` runs off the event loop and is called by one batcher only.
+    """One model instance. `embed` runs off the event loop; the queue manager alone calls it.
 
     An instance may set `pipeline = K` (an int attribute, 1 when absent) to take up to K batches
-    at once: the batcher then hands it the next batch while the current one computes, and the
-    instance must answer its calls in the order they were made (engine processes do: the next
+    at once: the queue manager then hands it the next batch while the current one computes, and
+    the instance must answer its calls in the order they were made (engine processes do: the next
     batch waits in the engine's pipe, so the engine does not idle while the dispatcher's thread
     is busy elsewhere).
+
+    An instance may also offer `submit(sequences) -> concurrent.futures.Future`, which starts the
+    batch before it returns and resolves to what `embed` returns (on any thread). The queue manager
+    then uses it instead of `embed`: no task stands between an answer and the next batch.
     """
 
     name: str

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import threading
 from collections import Counter
 
 import numpy as np
@@ -128,3 +130,37 @@ class PipelinedInstance(ControlledInstance):
 
     def fail(self) -> None:
         self.waiting[0][1].set_exception(InstanceFailed(f"{self.name} died"))
+
+
+class SubmittingInstance(PipelinedInstance):
+    """A pipelined instance that starts batches with `submit`, as engine processes do: each batch is
+    a concurrent future, settled from another thread (the engine's receiver thread) when the test
+    completes or fails it."""
+
+    async def embed(self, sequences):
+        raise AssertionError("the queue manager must use submit when an instance offers it")
+
+    def submit(self, sequences) -> concurrent.futures.Future:
+        self.calls += 1
+        pending: concurrent.futures.Future = concurrent.futures.Future()
+        self.waiting.append((list(sequences), pending))
+        self.most_at_once = max(self.most_at_once, len(self.waiting))
+        return pending
+
+    def _settle_oldest(self, settle_it) -> None:
+        batch, pending = self.waiting.pop(0)
+        thread = threading.Thread(target=settle_it, args=(batch, pending))
+        thread.start()
+        thread.join()  # its answer is on its way to the loop (call_soon_threadsafe) when this returns
+
+    def complete(self) -> None:
+        def answer(batch, pending):
+            vectors = np.zeros((len(batch), DIM), dtype=np.float32)
+            vectors[:, 0] = [seq[0] for seq in batch]
+            self.completed.update(int(seq[0]) for seq in batch)
+            pending.set_result(vectors)
+
+        self._settle_oldest(answer)
+
+    def fail(self) -> None:
+        self._settle_oldest(lambda batch, pending: pending.set_exception(InstanceFailed(f"{self.name} died")))

@@ -4,13 +4,25 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from queue_manager.manager import QueueManager
-from tests.queue_manager.doubles import ControlledInstance, PipelinedInstance, markers_of, queries, settle
+from tests.queue_manager.doubles import (
+    ControlledInstance,
+    PipelinedInstance,
+    SubmittingInstance,
+    markers_of,
+    queries,
+    settle,
+)
+
+PIPELINED = pytest.mark.parametrize("kind", [PipelinedInstance, SubmittingInstance], ids=["embed", "submit"])
 
 
-def test_the_next_batch_is_handed_over_while_the_current_one_computes():
+@PIPELINED
+def test_the_next_batch_is_handed_over_while_the_current_one_computes(kind):
     async def scenario():
-        engine = PipelinedInstance("cpu0", pipeline=2)
+        engine = kind("cpu0", pipeline=2)
         qm = QueueManager([("cpu", 16, [engine])], max_batch_size=2)
         await qm.start()
         requests = [qm.admit(queries([marker])) for marker in range(1, 8)]
@@ -48,9 +60,10 @@ def test_an_instance_without_pipeline_gets_one_batch_at_a_time():
     asyncio.run(scenario())
 
 
-def test_a_failure_moves_every_batch_in_flight_and_counts_an_attempt_only_for_the_computing_one():
+@PIPELINED
+def test_a_failure_moves_every_batch_in_flight_and_counts_an_attempt_only_for_the_computing_one(kind):
     async def scenario():
-        failing, other = PipelinedInstance("cpu0"), PipelinedInstance("cpu1")
+        failing, other = kind("cpu0"), kind("cpu1")
         qm = QueueManager([("cpu", 16, [failing, other])], max_batch_size=1)
         await qm.start()
         request = qm.admit(queries([1, 2, 3, 4]))  # to the least loaded instance in turn
@@ -67,5 +80,49 @@ def test_a_failure_moves_every_batch_in_flight_and_counts_an_attempt_only_for_th
         assert markers_of(await request.future) == [1, 2, 3, 4]
         assert failing.completed.total() == 0 and qm.in_flight == 0
         await qm.close()
+
+    asyncio.run(scenario())
+
+
+def test_with_submit_the_next_batch_leaves_in_the_loop_step_that_learns_of_the_answer():
+    """Where the event loop is busy, every step between an engine's answer and its next batch is
+    time the engine idles: the queue manager must not put a task (or two) in between."""
+
+    async def scenario():
+        engine = SubmittingInstance("cpu0", pipeline=1)
+        qm = QueueManager([("cpu", 16, [engine])], max_batch_size=2)
+        await qm.start()
+        first = qm.admit(queries([1, 2]))
+        await asyncio.sleep(0)  # one step: the admitted queries leave as one batch
+        assert engine.batches() == [[1, 2]]
+        second = qm.admit(queries([3, 4]))
+        await asyncio.sleep(0)
+        assert engine.batches() == [[1, 2]]  # the pipeline is full: [3, 4] waits in the queue
+        engine.complete()  # answered on another thread
+        await asyncio.sleep(0)  # the one step in which the loop learns of it
+        assert engine.batches() == [[3, 4]]
+        assert first.future.done()
+        engine.complete()
+        assert markers_of(await second.future) == [3, 4]
+        await qm.close()
+
+    asyncio.run(scenario())
+
+
+def test_closing_fails_the_batches_a_submitting_instance_still_holds():
+    async def scenario():
+        engine = SubmittingInstance("cpu0", pipeline=2)
+        qm = QueueManager([("cpu", 16, [engine])], max_batch_size=1)
+        await qm.start()
+        request = qm.admit(queries([1, 2, 3]))
+        await settle()
+        assert engine.batches() == [[1], [2]]
+        await qm.close()
+        with pytest.raises(Exception, match="shutting down"):
+            await request.future
+        assert qm.in_flight == 0
+        engine.complete()  # a late answer after close changes nothing
+        await settle()
+        assert qm.in_flight == 0
 
     asyncio.run(scenario())

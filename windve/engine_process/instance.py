@@ -19,7 +19,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from multiprocessing.connection import wait
 
 import numpy as np
@@ -140,19 +140,25 @@ class EngineProcessInstance:
             self._receiver = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"cpu-{self.name}-recv")
         await asyncio.get_running_loop().run_in_executor(self._executor, self._start_now)
 
-    async def embed(self, sequences: Sequence[np.ndarray]) -> np.ndarray:
-        """Up to `pipeline` calls may overlap; answers come back in the order the calls were made."""
+    def submit(self, sequences: Sequence[np.ndarray]) -> Future:
+        """Start a batch now, from the event loop's thread: its send is queued on the instance's sender
+        thread and its receive on its receiver thread. Up to `pipeline` batches may overlap; each
+        executor has one thread, so the receives run in the order of the sends, which is the order
+        the engine answers in."""
         sender, receiver = self._executor, self._receiver
         if sender is None or receiver is None:
             raise InstanceFailed(f"instance {self.name} is not running")
-        loop = asyncio.get_running_loop()
-        # Each executor has one thread: the receive is queued behind the earlier calls' receives
-        # in the order the sends were queued, which is the order the engine answers in.
-        sent = loop.run_in_executor(sender, self._send_batch, sequences)
-        ids = await sent
+        sent = sender.submit(self._send_batch, sequences)
+        return receiver.submit(self._receive_sent, sent)
+
+    async def embed(self, sequences: Sequence[np.ndarray]) -> np.ndarray:
+        return await asyncio.wrap_future(self.submit(sequences))
+
+    def _receive_sent(self, sent: Future) -> np.ndarray:
+        ids = sent.result()
         if not ids:
             return np.zeros((0, self.dim), dtype=np.float32)
-        parts = await loop.run_in_executor(receiver, self._receive_batch, ids)
+        parts = self._receive_batch(ids)
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     async def restart(self) -> None:
