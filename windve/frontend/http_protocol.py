@@ -59,7 +59,10 @@ class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self.scope[ARRIVED] = time.perf_counter()  # type: ignore[literal-required]
+        # The step's ready time where the loop is the front end's (event_loop.py): this request may
+        # have waited behind the step's other sockets, which the parse time would leave out.
+        ready_at = getattr(self.loop, "ready_at", None)
+        self.scope[ARRIVED] = time.perf_counter() if ready_at is None else ready_at  # type: ignore[literal-required]
 
     def on_headers_complete(self) -> None:
         if not (self._health_early() or self._refuse_early()):
