@@ -22,7 +22,8 @@ Sections (bench/SERVED.md says more):
 - peers (only with --peers): each peer alone, at the served section's client counts.
 
 Needs Debian's `wrk`. Latencies are wrk's, over every answer whatever its status (see
-bench/wrk_embed.lua for the bound on the 200s' own p99).
+bench/wrk_embed.lua for the bound on the 200s' own p99); under WindVE, `--samplers` more
+connections time the 200s and the 429s apart (the "sampled" line under each row).
 """
 
 from __future__ import annotations
@@ -324,6 +325,9 @@ def run_wrk_watched(port: int, bodies: Path, clients: int, args: argparse.Namesp
     Read under load, because the depth and the live tail are what they are while it lasts; the
     line printed under the row says whether the depth moved and why."""
     process, clients = start_wrk(port, bodies, "/embed", clients, args.seconds, args)
+    sampler = Sampler(port, bodies, args.samplers) if args.samplers else None
+    if sampler:
+        sampler.start()
     time.sleep(max(0.0, args.seconds - 1.0))
     try:
         pools = get_info(port).get("pools", [])
@@ -332,6 +336,8 @@ def run_wrk_watched(port: int, bodies: Path, clients: int, args: argparse.Namesp
     else:
         late = None
     row = finish_wrk(process, clients)
+    row["sampled"] = sampler.finish() if sampler else None
+    row["sampler_connections"] = args.samplers
     row["control"] = {
         pool["name"]: {"depth": pool["depth"], "live_p99_s": pool["control"].get("live_p99"),
                        "reason": pool["control"].get("reason")}
@@ -352,6 +358,74 @@ def print_control(row: dict) -> None:
     if not described:
         described = f"/info did not answer: {row['control_error']}"
     print(f"    1 s before the end: {described}", flush=True)
+
+
+class Sampler:
+    """A few more closed-loop clients beside wrk that time each answer with its status.
+
+    wrk's latency histogram covers every answer whatever its status, so under overload its
+    bound on the 200s' p99 (bench/wrk_embed.lua) is only as good as the 429s are fast. These
+    clients (plain http.client, one keep-alive connection each, re-asking at once like wrk's)
+    give the 200s' own latencies, a sample of them."""
+
+    def __init__(self, port: int, bodies: Path, connections: int) -> None:
+        self.port = port
+        self.bodies = [line.encode() for line in bodies.read_text().splitlines() if line]
+        self.answers: list[tuple[int, float]] = []
+        self._halt = threading.Event()
+        self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(connections)]
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def _run(self, index: int) -> None:
+        import http.client
+
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        position = index * 31
+        while not self._halt.is_set():
+            body = self.bodies[position % len(self.bodies)]
+            position += 1
+            started = time.perf_counter()
+            try:
+                connection.request("POST", "/embed", body, {"Content-Type": "application/json"})
+                response = connection.getresponse()
+                response.read()
+                status = response.status
+            except (OSError, http.client.HTTPException):
+                connection.close()
+                status = 0
+            self.answers.append((status, time.perf_counter() - started))
+        connection.close()
+
+    def finish(self) -> dict:
+        self._halt.set()
+        for thread in self._threads:
+            thread.join(90)
+        ok = sorted(seconds for status, seconds in self.answers if status == 200)
+        busy = sorted(seconds for status, seconds in self.answers if status == 429)
+
+        def pct(values: list[float], q: float) -> float | None:
+            return 1000 * values[min(len(values) - 1, int(q * len(values)))] if values else None
+
+        return {"answers": len(self.answers), "ok": len(ok), "busy": len(busy),
+                "ok_p50_ms": pct(ok, 0.5), "ok_p99_ms": pct(ok, 0.99), "ok_max_ms": 1000 * ok[-1] if ok else None,
+                "busy_p50_ms": pct(busy, 0.5), "busy_p99_ms": pct(busy, 0.99)}
+
+
+def print_sampled(row: dict) -> None:
+    sampled = row.get("sampled")
+    if not sampled:
+        return
+
+    def show(value: float | None) -> str:
+        return "-" if value is None else f"{value:.0f} ms"
+
+    print(f"    sampled ({sampled['answers']} answers on {row['sampler_connections']} more connections): "
+          f"{sampled['ok']} 200s p50 {show(sampled['ok_p50_ms'])} p99 {show(sampled['ok_p99_ms'])} "
+          f"max {show(sampled['ok_max_ms'])}; {sampled['busy']} 429s p50 {show(sampled['busy_p50_ms'])} "
+          f"p99 {show(sampled['busy_p99_ms'])}", flush=True)
 
 
 class HealthPoller(threading.Thread):
@@ -415,6 +489,7 @@ def served(port: int, bodies: Path, path: str, clients: list[int], args: argpars
         served_row(table, row)
         if windve:
             print_control(row)
+            print_sampled(row)
         rows.append(row)
     return rows
 
@@ -451,6 +526,7 @@ def overload(port: int, bodies: Path, peak: float | None, args: argparse.Namespa
                   row["busy"], row["other"], row["socket_errors"], health["max_ms"], health["polls"],
                   health["failures"])
         print_control(row)
+        print_sampled(row)
     if not peak:
         print("  goodput/peak: n/a, the served section did not run (add it to --sections)")
     return rows
@@ -610,6 +686,8 @@ def main() -> None:
                         help="isolation: clients as a multiple of the total depth for the saturated run")
     parser.add_argument("--isolation-settle", type=float, default=2.0,
                         help="isolation: seconds of load before the admissions are counted")
+    parser.add_argument("--samplers", type=int, default=8,
+                        help="more closed-loop connections, beside wrk's, that time the 200s apart (0: none)")
     parser.add_argument("--health-interval", type=float, default=0.05, help="seconds between /health polls")
     parser.add_argument("--warmup-seconds", type=float, default=3)
     parser.add_argument("--wrk-threads", type=int, default=2)

@@ -162,10 +162,11 @@ class QueueManager:
             raise Unavailable(retry_after=UNAVAILABLE_RETRY_AFTER)
         return pools
 
-    def check_room(self, wanted: int) -> None:
+    def check_room(self, wanted: int, promised: int = 0) -> None:
         """Raise what admission would for `wanted` queries whatever their lengths: ShuttingDown while
         draining, Unavailable when no eligible pool can serve, Busy when they have no room at all or
         (for a request larger than their room, which would be bulk) when the bulk backlog is full.
+        `promised`: room already let to requests that have not reached admission yet.
 
         The HTTP path asks before it tokenizes, so an overloaded service answers BUSY without that
         work (and without the tasks a submission starts), which under a flood of retries was most
@@ -173,8 +174,8 @@ class QueueManager:
         still refuse.
         """
         self._refuse_if_draining(wanted)
-        room = sum(pool.room() for pool in self._serving_pools())
-        if wanted <= room or (room and self._backlog.allows(wanted, self._backlog_bound())):
+        room = sum(pool.room() for pool in self._serving_pools()) - promised
+        if wanted <= room or (room > 0 and self._backlog.allows(wanted, self._backlog_bound())):
             return
         metrics.BUSY.inc()
         raise Busy(retry_after=self.retry_after(wanted))

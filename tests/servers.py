@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import uvicorn
 import yaml
 
 START_TIMEOUT = 180.0
@@ -88,3 +92,23 @@ def write_plan_config(folder: Path, plan: list[dict], **settings) -> str:
     path = folder / "windve.yaml"
     path.write_text(yaml.safe_dump({"cpu_layout": "explicit", "plan": plan, **settings}))
     return str(path)
+
+
+@contextlib.contextmanager
+def uvicorn_in_thread(app, **config) -> Iterator[tuple[uvicorn.Server, int]]:
+    """`app` served by a real uvicorn on 127.0.0.1 in a thread of this process: (server, port)."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off",
+                                           **config))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    for _ in range(500):
+        if server.started:
+            break
+        threading.Event().wait(0.01)  # uvicorn offers no start event to wait on
+    assert server.started, "uvicorn did not start"
+    try:
+        yield server, port
+    finally:
+        server.should_exit = True
+        thread.join(10)

@@ -9,8 +9,8 @@ import time
 from types import SimpleNamespace
 
 import pytest
-import uvicorn
 
+from tests.servers import uvicorn_in_thread
 from windve.frontend.event_loop import FrontEndLoop, new_event_loop
 from windve.frontend.gate import OverloadGate
 from windve.frontend.http_protocol import JsonErrorHttpToolsProtocol
@@ -30,7 +30,7 @@ class SlowDispatcher:
     def status(self) -> dict:
         return {"status": "ok"}
 
-    def check_room(self, wanted: int) -> None:
+    def check_room(self, wanted: int, promised: int = 0) -> None:
         self.calls += 1
         if self.calls == 1:
             self.holding.set()
@@ -55,29 +55,9 @@ class ArrivalApp:
 @pytest.fixture
 def served():
     app = ArrivalApp()
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    config = uvicorn.Config(
-        OverloadGate(app),
-        host="127.0.0.1",
-        port=port,
-        http=JsonErrorHttpToolsProtocol,
-        loop="windve.frontend.event_loop:new_event_loop",
-        log_level="warning",
-        lifespan="off",
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    for _ in range(500):
-        if server.started:
-            break
-        threading.Event().wait(0.01)  # uvicorn offers no start event to wait on
-    assert server.started, "uvicorn did not start"
-    yield app, port
-    server.should_exit = True
-    thread.join(10)
+    loop = "windve.frontend.event_loop:new_event_loop"
+    with uvicorn_in_thread(OverloadGate(app), http=JsonErrorHttpToolsProtocol, loop=loop) as (_, port):
+        yield app, port
 
 
 def post(body: bytes) -> bytes:

@@ -9,14 +9,13 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import threading
 import time
 from types import SimpleNamespace
 
 import pytest
-import uvicorn
 
 from queue_manager.protocol import Busy, ShuttingDown
+from tests.servers import uvicorn_in_thread
 from windve.frontend.gate import OverloadGate
 from windve.frontend.http_protocol import JsonErrorHttpToolsProtocol
 from windve.frontend.pipeline import ARRIVED
@@ -30,7 +29,7 @@ class Dispatcher:
     def status(self) -> dict:
         return {"status": self.health}
 
-    def check_room(self, wanted: int) -> None:
+    def check_room(self, wanted: int, promised: int = 0) -> None:
         if self.full is not None:
             raise self.full
 
@@ -62,22 +61,8 @@ class RecordingApp:
 @pytest.fixture
 def served():
     app = RecordingApp()
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    config = uvicorn.Config(OverloadGate(app), host="127.0.0.1", port=port, loop="asyncio",
-                            http=JsonErrorHttpToolsProtocol, log_level="warning", lifespan="off")  # fmt: skip
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    for _ in range(500):
-        if server.started:
-            break
-        threading.Event().wait(0.01)  # uvicorn offers no start event to wait on
-    assert server.started, "uvicorn did not start"
-    yield app, port
-    server.should_exit = True
-    thread.join(10)
+    with uvicorn_in_thread(OverloadGate(app), http=JsonErrorHttpToolsProtocol, loop="asyncio") as (_, port):
+        yield app, port
 
 
 def post(path: str, body: bytes, version: str = "1.1") -> bytes:

@@ -186,3 +186,17 @@ def test_drain_waits_for_bulk_queries_not_yet_admitted():
         await qm.close()
 
     asyncio.run(scenario())
+
+
+def test_room_promised_to_requests_not_yet_admitted_counts_as_taken():
+    async def scenario():
+        inst, qm = await controlled(4)
+        qm.check_room(1, promised=3)  # one of four slots is not promised
+        with pytest.raises(Busy):
+            qm.check_room(1, promised=4)
+        with pytest.raises(Busy):  # nor does promised room leave any for a bulk request
+            qm.check_room(8, promised=4)
+        qm.check_room(8, promised=3)  # some room: a larger request is admitted in parts
+        await qm.close()
+
+    asyncio.run(scenario())

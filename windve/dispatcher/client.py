@@ -1,7 +1,8 @@
 """How a front end reaches the dispatcher: in its own process, or over ZMQ.
 
 Both clients answer the same calls, so the front end's request path is one:
-- `check_room(n)` before any work: BUSY (or 503) at once, costing no engine anything;
+- `check_room(n, promised)` before any work: BUSY (or 503) at once, costing no engine anything
+  (`promised`: room the overload gate has let to requests not yet admitted);
 - `submit(sequences, waited)` -> a Ticket, in the caller's own event-loop step (in-process:
   admitted or refused right there, so a refusal costs no task); `await ticket.future`, then
   `ticket.result()` -> float32 [n, dim] or Busy / ShuttingDown / Unavailable / QueryFailed;
@@ -58,8 +59,8 @@ class LocalDispatcher:
     def __init__(self, runtime) -> None:  # windve.service.Runtime
         self.runtime = runtime
 
-    def check_room(self, wanted: int) -> None:
-        self.runtime.queue_manager.check_room(wanted)
+    def check_room(self, wanted: int, promised: int = 0) -> None:
+        self.runtime.queue_manager.check_room(wanted, promised)
 
     def submit(self, sequences: Sequence[np.ndarray], waited: float = 0.0) -> LocalTicket:
         qm = self.runtime.queue_manager
@@ -158,7 +159,7 @@ class RemoteDispatcher:
         if self._waiting.pop(request_id, None) is not None:
             self._socket.send([messages.pack({"op": messages.CANCEL, "id": request_id})])
 
-    def check_room(self, wanted: int) -> None:
+    def check_room(self, wanted: int, promised: int = 0) -> None:
         state = self.board.read()
         if not state.alive:
             raise Unavailable(retry_after=1.0, message="the dispatcher is not answering")
@@ -168,7 +169,7 @@ class RemoteDispatcher:
             raise Unavailable(retry_after=1.0, message="no engine instance is healthy; retry shortly")
         if state.draining:
             raise ShuttingDown(retry_after=state.retry_after, message="the service is shutting down")
-        if state.free_room <= 0:
+        if state.free_room - promised <= 0:
             raise Busy(retry_after=state.retry_after)
 
     def submit(self, sequences: Sequence[np.ndarray], waited: float = 0.0) -> RemoteTicket:

@@ -9,6 +9,9 @@ under wrk's). Every socket reported by a select was ready when that select retur
 time the select returned is a lower bound on each request's arrival, never an overstatement:
 `FrontEndLoop.ready_at`. What a request waited before that select (the rest of the step before)
 stays unseen.
+
+The loop also keeps the slow lane (slow_lane.py), where connections just answered BUSY wait to be
+read again, so that a storm of refusals does not make every step a sweep over all of them.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from __future__ import annotations
 import asyncio
 import selectors
 import time
+
+from windve.frontend.slow_lane import SlowLane
 
 
 class _StampingSelector(selectors.DefaultSelector):
@@ -33,6 +38,8 @@ class FrontEndLoop(asyncio.SelectorEventLoop):
     def __init__(self) -> None:
         self._stamps = _StampingSelector()
         super().__init__(self._stamps)
+        # Connections answered BUSY wait here, unread, while the loop serves the others.
+        self.slow_lane = SlowLane(self)
 
     @property
     def ready_at(self) -> float:

@@ -6,20 +6,48 @@ machine, the engines beside it) more than the answers it protects. When the disp
 state says there is no room at all, or that it is draining or has no healthy engine, the
 gate answers 429 / 503 in the route's error shape without reading the body. A request it
 lets through still meets the exact room check and admission in the request path.
+
+A request let through holds a pass until its handler reaches that room check (or ends): the
+gate lets through only as many as the room less the passes held. The room is taken at
+admission, a loop step or more after the gate let the request in; without the passes, every
+request read in the step after room freed went through, and all but the first few were
+refused only after their parsing, validation and tokenizing.
+
+A request that waited in its socket while its connection sat in the slow lane (slow_lane.py)
+for longer than the SLO's headroom is refused whatever the room: admitted, it would answer
+past the SLO, and the room is kept for requests that can still meet it.
 """
 
 from __future__ import annotations
 
 import functools
+import time
 
+from queue_manager.depth_control import DEFAULT_HEADROOM
 from queue_manager.protocol import Busy, Unavailable
 from windve.frontend import metrics
-from windve.frontend.errors import ApiError
-from windve.frontend.pipeline import refusal
+from windve.frontend.errors import OVERLOADED, ApiError
+from windve.frontend.pipeline import ARRIVED, BUSY_ANSWERED, GATE_PASS, LANE_WAIT, refusal, release_pass
 
 # Embedding routes and their metric label; the error's shape (TEI's or OpenAI's) follows from the path.
 GATED = {"/embed": "embed", "/": "embed", "/v1/embeddings": "openai", "/embeddings": "openai"}
 SMALL_BODY = 64 * 1024  # larger bodies go the normal way: the server must read them to keep the connection
+LATE = "model is overloaded: this request waited too long to be read to meet the latency SLO"
+
+
+class GatePass:
+    """A request let through the gate, not yet at its room check; `release` is idempotent."""
+
+    __slots__ = ("_gate",)
+
+    def __init__(self, gate: OverloadGate) -> None:
+        self._gate: OverloadGate | None = gate
+        gate.passes += 1
+
+    def release(self) -> None:
+        if self._gate is not None:
+            self._gate.passes -= 1
+            self._gate = None
 
 
 class OverloadGate:
@@ -28,33 +56,52 @@ class OverloadGate:
 
     def __init__(self, app) -> None:  # the FastAPI app
         self.app = app
+        self.passes = 0  # requests let through and not yet at their room check
 
     @property
     def state(self):
         return self.app.state
 
+    def _lane_budget(self) -> float:
+        """How long a request may have waited in its socket in the slow lane and still be admitted:
+        the SLO's headroom, which the depths leave free for waits they do not see."""
+        return self.app.state.settings.slo_seconds * DEFAULT_HEADROOM
+
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
-            refused = self.refusal(scope["path"], scope["headers"])
+        if scope["type"] == "http" and scope["method"] == "POST" and GATE_PASS not in scope:
+            refused = self.refusal(scope["path"], scope["headers"], scope)
             if refused is not None:
+                scope[BUSY_ANSWERED] = refused.status == 429
                 await refused.response_for(scope["path"])(scope, receive, send)
                 return
-        await self.app(scope, receive, send)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            release_pass(scope)
 
-    def refusal(self, path: str, headers) -> ApiError | None:
+    def refusal(self, path: str, headers, scope: dict) -> ApiError | None:
         """The 429 / 503 for a POST to `path` that the dispatcher has no room for, counted in the
-        metrics (answer it with `error.response_for(path)`); None to let the request through."""
+        metrics (answer it with `error.response_for(path)`); None to let the request through,
+        with a pass in `scope` when it is one the gate keeps."""
         route = GATED.get(path)
         front_end = self.app.state.runtime
         if route is None or front_end is None or not _small(headers):
             return None
-        try:
-            front_end.dispatcher.check_room(1)
+        error = self._refused(front_end.dispatcher, scope)
+        if error is None:
+            scope[GATE_PASS] = GatePass(self)
             return None
-        except (Busy, Unavailable) as exc:
-            error = refusal(exc)
         _count(route, error)
         return error
+
+    def _refused(self, dispatcher, scope: dict) -> ApiError | None:
+        if scope.get(LANE_WAIT) and time.perf_counter() - scope[ARRIVED] > self._lane_budget():
+            return ApiError(429, LATE, OVERLOADED, retry_after=1.0)
+        try:
+            dispatcher.check_room(1, promised=self.passes)
+        except (Busy, Unavailable) as exc:
+            return refusal(exc)
+        return None
 
 
 @functools.lru_cache(maxsize=64)

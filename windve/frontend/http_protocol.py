@@ -15,6 +15,9 @@ admitted requests' answers then falls behind by a whole turn of refusals. When t
 gate (gate.py) says there is no room, the request is answered here, from a cache of rendered
 refusals, as soon as its body has been read, without a task.
 
+A connection answered BUSY here, or by the app, then waits in the loop's slow lane (slow_lane.py)
+before its next request is read, where the loop is the front end's (event_loop.py).
+
 Serve with `uvicorn.Config(app, http=JsonErrorHttpToolsProtocol)` (or the import string
 "windve.frontend.http_protocol:JsonErrorHttpToolsProtocol" where uvicorn starts workers itself).
 """
@@ -33,17 +36,22 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from windve.frontend.errors import MALFORMED, TOO_LARGE, ApiError, json_response
 from windve.frontend.gate import OverloadGate
-from windve.frontend.pipeline import ARRIVED
+from windve.frontend.pipeline import ARRIVED, BUSY_ANSWERED, LANE_WAIT
 from windve.frontend.routes import health_answer
+from windve.frontend.slow_lane import peer_closed, stamp_arrivals, waiting_since
 
 HEALTH_PATHS = ("/health", "/")  # GET / is /health too, as TEI answers it
 SHUTDOWN_GRACE = 1.0  # seconds an idle connection stays open once shutdown begins
 
 
 class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
-    # (head, body, keep-alive) of an answer to send once the request is read: a refusal, or /health's.
-    _refused: tuple[bytes, bytes, bool] | None = None
+    # (head, body, keep-alive, a refusal) of an answer to send once the request is read: a
+    # refusal, or /health's.
+    _refused: tuple[bytes, bytes, bool, bool] | None = None
     _shutting_down = False
+    _parked = False  # not read, waiting in the slow lane
+    _parked_at = 0.0
+    _waited_since: float | None = None  # when the request read next arrived, if it waited parked
 
     def shutdown(self) -> None:
         """The server's graceful shutdown: uvicorn closes an idle keep-alive connection at once, and a
@@ -52,17 +60,27 @@ class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
         arrives meanwhile is answered, by a draining service, with `connection: close`."""
         if self.cycle is None or self.cycle.response_complete:
             self._shutting_down = True
+            self._release()  # a request waiting in its socket is read and answered, draining
             # Then uvicorn's own: close if still idle, else let the answer in progress close it.
             self.loop.call_later(SHUTDOWN_GRACE, super().shutdown)
         else:
             super().shutdown()
+
+    def connection_made(self, transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        stamp_arrivals(transport)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
         # The step's ready time where the loop is the front end's (event_loop.py): this request may
         # have waited behind the step's other sockets, which the parse time would leave out.
         ready_at = getattr(self.loop, "ready_at", None)
-        self.scope[ARRIVED] = time.perf_counter() if ready_at is None else ready_at  # type: ignore[literal-required]
+        arrived = time.perf_counter() if ready_at is None else ready_at
+        if self._waited_since is not None:  # it waited in its socket while the connection was parked
+            arrived = min(arrived, self._waited_since)
+            self.scope[LANE_WAIT] = True  # type: ignore[literal-required]
+            self._waited_since = None
+        self.scope[ARRIVED] = arrived  # type: ignore[literal-required]
 
     def on_headers_complete(self) -> None:
         if not (self._health_early() or self._refuse_early()):
@@ -79,7 +97,7 @@ class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
             return False
         response = json_response(*health_answer(gate.state))
         body = b"" if method == b"HEAD" else response.body
-        self._refused = (_status_and_headers(response), body, self._keep_alive())
+        self._refused = (_status_and_headers(response), body, self._keep_alive(), False)
         return True
 
     def _keep_alive(self) -> bool:
@@ -97,12 +115,13 @@ class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
         if gate is None:
             return False
         path = _path(self.url)
-        error = gate.refusal(path, self.headers)
+        error = gate.refusal(path, self.headers, self.scope)
         if error is None:
             return False
         # Retry-After is whole seconds on the wire: key the cache by what is sent.
         retry = None if error.retry_after is None else max(1, math.ceil(error.retry_after))
-        self._refused = (*_rendered(error.status, error.message, error.error_type, retry, path), self._keep_alive())
+        rendered = _rendered(error.status, error.message, error.error_type, retry, path)
+        self._refused = (*rendered, self._keep_alive(), True)
         return True
 
     def on_body(self, body: bytes) -> None:
@@ -113,12 +132,56 @@ class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
         if self._refused is None:
             super().on_message_complete()
             return
-        head, body, keep_alive = self._refused
+        head, body, keep_alive, refused = self._refused
         self._refused = None
         if self.transport.is_closing():
             return
         self._write(head, body, keep_alive)
         self.on_response_complete()  # uvicorn's own bookkeeping: pipelined requests, keep-alive timer
+        if refused and keep_alive:
+            self._park()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        # An answer made here (a refusal, /health) is handled by on_message_complete: its request's
+        # scope is not the cycle's.
+        cycle = self.cycle
+        if cycle is None or cycle.scope is not self.scope:
+            return
+        if cycle.scope.get(BUSY_ANSWERED):  # the room check after the gate, or the ASGI gate, said BUSY
+            if cycle.keep_alive:
+                self._park()
+        elif (lane := getattr(self.loop, "slow_lane", None)) is not None:
+            lane.answered()
+
+    def _park(self) -> None:
+        """Stop reading this connection until the loop's slow lane releases it (slow_lane.py)."""
+        lane = getattr(self.loop, "slow_lane", None)
+        if lane is None or self._parked or self._shutting_down or self.pipeline or self.transport.is_closing():
+            return
+        # Its keep-alive timer would close it while parked, with a request unread in its socket.
+        self._unset_keepalive_if_required()
+        self.flow.pause_reading()
+        self._parked = True
+        self._parked_at = time.perf_counter()
+        lane.park(self._release)
+
+    def _release(self) -> bool:
+        """Read this connection again; whether a request was waiting in its socket."""
+        if not self._parked:
+            return False
+        self._parked = False
+        if self.transport.is_closing():
+            return False
+        self._waited_since = waiting_since(self.transport, self._parked_at)
+        self.flow.resume_reading()
+        idle = self.cycle is None or self.cycle.response_complete
+        if idle and self.timeout_keep_alive_task is None:
+            timer = self.loop.call_later(self.timeout_keep_alive, self.timeout_keep_alive_handler)
+            self.timeout_keep_alive_task = timer
+        # A client that has gone (it timed out and closed) costs a read, but it is not a client
+        # waiting for its answer: the ones behind it are released in the same step.
+        return self._waited_since is not None and not peer_closed(self.transport)
 
     def send_400_response(self, msg: str) -> None:
         # uvicorn calls this while handling the parser's exception, which says what was wrong.

@@ -25,6 +25,9 @@ from windve.tokenizer import InputTooLong
 
 INLINE_TOKENIZE_CHARS = 16_384  # below this many characters a request is tokenized on the loop
 ARRIVED = "windve.arrived"  # scope key: time.perf_counter() when the request began to be parsed
+GATE_PASS = "windve.gate_pass"  # scope key: the overload gate's pass of a request it let through (gate.py)
+BUSY_ANSWERED = "windve.busy_answered"  # scope key: answered BUSY (the HTTP protocol parks the connection)
+LANE_WAIT = "windve.lane_wait"  # scope key: the request waited in its socket in the slow lane (slow_lane.py)
 
 
 class ClientGone(Exception):
@@ -85,6 +88,7 @@ class EmbeddingPipeline:
         keys = self._cache_keys(texts, normalize, truncate)
         use = cache_use(request.headers.get("cache-control", ""))
         vectors, missing = await self._cached(keys if use.read else None, len(texts))
+        release_pass(request.scope)  # this request's own room check, next, counts what it needs
         if missing:
             # Full queues refuse before the tokenizer runs, as TEI takes its permit first.
             try:
@@ -208,6 +212,13 @@ def cache_use(cache_control: str) -> CacheUse:
     or vectors (texts that must not sit in a shared Redis; the warm-up probe's random ones)."""
     directives = {part.split("=", 1)[0].strip().lower() for part in cache_control.split(",")}
     return CacheUse(read="no-cache" not in directives, write="no-store" not in directives)
+
+
+def release_pass(scope) -> None:
+    """The request of `scope` is at its own room check, or has ended: the gate's pass stops holding room."""
+    held = scope.get(GATE_PASS)
+    if held is not None:
+        held.release()
 
 
 def refusal(exc: Busy | Unavailable) -> ApiError:

@@ -27,7 +27,7 @@ from windve.frontend.body import read_json
 from windve.frontend.dimensions import allowed_dimensions, cut, requested_dimensions
 from windve.frontend.errors import MODEL_NOT_FOUND, ApiError, json_response
 from windve.frontend.exposition import combined_metrics
-from windve.frontend.pipeline import ClientGone, EmbeddingPipeline
+from windve.frontend.pipeline import BUSY_ANSWERED, ClientGone, EmbeddingPipeline
 from windve.frontend.schemas import (
     EmbedRequest,
     OpenAIEmbeddingRequest,
@@ -86,6 +86,8 @@ async def _answered(
     except ApiError as error:
         status = error.status
         metrics.ERRORS.labels(route, error.error_type).inc()
+        if status == 429:
+            request.scope[BUSY_ANSWERED] = True
         return error_shape(error)
     except ClientGone:
         status = CLIENT_CLOSED
