@@ -8,6 +8,7 @@ driven by raw sockets.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import select
 import socket
@@ -101,6 +102,13 @@ class Transport:
 
 @pytest.fixture
 def connection():
+    with stamped_connection() as pair:
+        yield pair
+
+
+@contextlib.contextmanager
+def stamped_connection():
+    """A TCP connection on loopback whose server side the kernel stamps, once it does."""
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen()
@@ -109,7 +117,20 @@ def connection():
     server.setblocking(False)
     stamp_arrivals(Transport(server))
     with client, server:
+        stamping(client, server)
         yield client, server
+
+
+def stamping(client: socket.socket, server: socket.socket) -> None:
+    """Until the kernel stamps what arrives: the first socket to ask turns stamping on for the
+    host, and the kernel may take a moment to start."""
+    for _ in range(1000):
+        client.sendall(b"-")
+        select.select([server], [], [], 10)
+        _, ancillary, _, _ = server.recvmsg(1, socket.CMSG_SPACE(16))
+        if ancillary:
+            return
+    pytest.skip("this kernel does not stamp TCP arrivals (SO_TIMESTAMPNS)")
 
 
 def test_waiting_since_is_when_the_kernel_received_the_bytes_and_leaves_them_unread(connection):
@@ -210,11 +231,12 @@ class RecordingApp:
 @pytest.fixture
 def served(monkeypatch):
     """uvicorn with the front end's loop, whose lane releases one connection per answer and none
-    by the clock: what is read again follows from what the test does."""
+    by the clock: what is read again follows from what the test does. A stamped connection
+    beside it keeps the host's stamping on."""
     monkeypatch.setattr(event_loop, "SlowLane", functools.partial(SlowLane, per_step=8, per_answer=1, floor=0))
     app = gated_app(room=0, slo=1000.0)
-    with uvicorn_in_thread(OverloadGate(app), http=JsonErrorHttpToolsProtocol,
-                           loop="windve.frontend.event_loop:new_event_loop") as (server, port):
+    with stamped_connection(), uvicorn_in_thread(OverloadGate(app), http=JsonErrorHttpToolsProtocol,
+                                                 loop="windve.frontend.event_loop:new_event_loop") as (server, port):
         yield app, port, server
 
 

@@ -437,20 +437,21 @@ def test_failover_moves_queries_to_a_healthy_instance():
     asyncio.run(scenario())
 
 
-def record_requests(qm: QueueManager, created: set[int]) -> None:
-    """Note the id of every request `qm` admits (ids, not references: a reference would keep it alive)."""
+def record_requests(qm: QueueManager, created: list[int]) -> None:
+    """Note the id of every request `qm` admits (ids, not references: a reference would keep it alive).
+    A list: a request freed at once, as these tests want, may leave its id to the next one."""
     admit = qm.admit
 
     def recorded(*args, **kwargs) -> Request:
         request = admit(*args, **kwargs)
-        created.add(id(request))
+        created.append(id(request))
         return request
 
     qm.admit = recorded
 
 
 def test_answered_and_cancelled_requests_are_freed_without_the_garbage_collector():
-    created: set[int] = set()
+    created: list[int] = []
 
     async def scenario():
         inst = ControlledInstance("cpu0")
@@ -478,7 +479,7 @@ def test_answered_and_cancelled_requests_are_freed_without_the_garbage_collector
 
 
 def test_a_failed_request_drops_its_queued_queries_and_is_freed_without_the_garbage_collector():
-    created: set[int] = set()
+    created: list[int] = []
     outcome: dict[str, object] = {}
 
     async def scenario():

@@ -123,9 +123,9 @@ def peer_closed(transport: asyncio.BaseTransport) -> bool:
 
 def waiting_since(transport: asyncio.BaseTransport, floor: float) -> float | None:
     """time.perf_counter() when the bytes now waiting unread in the connection's socket arrived,
-    as the kernel stamped them (None: nothing waits). Read with MSG_PEEK, so the bytes stay for
-    the transport; never before `floor` (when the connection was parked: a client's re-ask came
-    after its 429), never after now."""
+    as the kernel stamped them (None: nothing waits; now: no stamp). Read with MSG_PEEK, so the
+    bytes stay for the transport; never before `floor` (when the connection was parked: a
+    client's re-ask came after its 429), never after now."""
     transport_socket = transport.get_extra_info("socket")
     if transport_socket is None:
         return None
@@ -146,4 +146,6 @@ def waiting_since(transport: asyncio.BaseTransport, floor: float) -> float | Non
         if level == socket.SOL_SOCKET and kind == _TIMESTAMPNS and len(payload) >= 16:
             seconds, nanoseconds = struct.unpack("qq", payload[:16])
             return min(now, max(floor, now - (time.time() - seconds - nanoseconds * 1e-9)))
-    return floor
+    # No stamp: the kernel had not begun stamping (the first bytes after the first socket asked),
+    # or cannot. Counted from now, as a request read at once would be.
+    return now
