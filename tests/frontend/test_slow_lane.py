@@ -19,7 +19,7 @@ import pytest
 
 from queue_manager.protocol import Busy
 from tests.servers import uvicorn_in_thread
-from windve.frontend import event_loop
+from windve.frontend import event_loop, http_protocol
 from windve.frontend.gate import LATE, OverloadGate
 from windve.frontend.http_protocol import JsonErrorHttpToolsProtocol
 from windve.frontend.pipeline import ARRIVED, GATE_PASS, LANE_WAIT, release_pass
@@ -233,7 +233,8 @@ def served(monkeypatch):
     """uvicorn with the front end's loop, whose lane releases one connection per answer and none
     by the clock: what is read again follows from what the test does. A stamped connection
     beside it keeps the host's stamping on."""
-    monkeypatch.setattr(event_loop, "SlowLane", functools.partial(SlowLane, per_step=8, per_answer=1, floor=0))
+    lane = functools.partial(SlowLane, per_step=8, per_answer=1, floor=0)
+    monkeypatch.setattr(event_loop, "SlowLane", lane)
     app = gated_app(room=0, slo=1000.0)
     with stamped_connection(), uvicorn_in_thread(OverloadGate(app), http=JsonErrorHttpToolsProtocol,
                                                  loop="windve.frontend.event_loop:new_event_loop") as (server, port):
@@ -265,18 +266,40 @@ def nothing_to_read(sock: socket.socket) -> bool:
     return not select.select([sock], [], [], 0)[0]
 
 
-def park(port: int) -> socket.socket:
+def park(port: int, server) -> socket.socket:
     """A connection answered BUSY once, so parked, with its next request waiting in its socket."""
-    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-    sock.sendall(post(b"refused"))
-    assert answer(sock)[0] == 429
+    sock = refused_once(port, server)
     sock.sendall(post(b"waiting"))
     return sock
 
 
+def refused_once(port: int, server) -> socket.socket:
+    """A connection answered BUSY once, and parked."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.sendall(post(b"refused"))
+    assert answer(sock)[0] == 429
+    protocol = protocol_of(server, sock)
+    until(lambda: protocol._parked, "the refused connection was parked")  # it is, right after writing the 429
+    return sock
+
+
+def protocol_of(server, sock: socket.socket) -> JsonErrorHttpToolsProtocol:
+    """The server's protocol of the connection whose client end is `sock`."""
+    (protocol,) = [p for p in server.server_state.connections if p.client == sock.getsockname()]
+    return protocol
+
+
+def until(condition, what: str) -> None:
+    for _ in range(2000):
+        if condition():
+            return
+        time.sleep(0.005)  # polls the server's state: it has no event to wait on
+    raise AssertionError(f"never: {what}")
+
+
 def test_a_refused_connection_is_read_again_after_an_answer_and_counts_its_wait(served):
-    app, port, _ = served
-    with park(port) as parked, socket.create_connection(("127.0.0.1", port), timeout=10) as other:
+    app, port, server = served
+    with park(port, server) as parked, socket.create_connection(("127.0.0.1", port), timeout=10) as other:
         sent = time.perf_counter()
         for _ in range(2):  # the second is read in a later loop step than the parked request's bytes
             other.sendall(HEALTH)
@@ -296,9 +319,9 @@ def test_a_refused_connection_is_read_again_after_an_answer_and_counts_its_wait(
 
 
 def test_a_request_that_waited_parked_past_the_slos_headroom_is_busy_whatever_the_room(served):
-    app, port, _ = served
+    app, port, server = served
     app.state.settings.slo_seconds = 0.0  # a headroom of no time at all: any wait is too long
-    with park(port) as parked, socket.create_connection(("127.0.0.1", port), timeout=10) as other:
+    with park(port, server) as parked, socket.create_connection(("127.0.0.1", port), timeout=10) as other:
         app.dispatcher.room = 1
         other.sendall(post(b"admitted"))
         assert answer(other)[0] == 200
@@ -309,7 +332,30 @@ def test_a_request_that_waited_parked_past_the_slos_headroom_is_busy_whatever_th
 
 def test_shutdown_reads_and_answers_what_waits_in_a_parked_connection(served):
     app, port, server = served
-    with park(port) as parked:
+    with park(port, server) as parked:
         server.should_exit = True
         status, data = answer(parked)
     assert status == 429 and b"connection: close" in data.lower()
+
+
+
+def test_a_client_that_waits_out_retry_after_is_read_when_it_asks_again(served, monkeypatch):
+    monkeypatch.setattr(http_protocol, "PATIENCE", 0.05)
+    app, port, server = served
+    with refused_once(port, server) as patient:
+        protocol = protocol_of(server, patient)
+        until(lambda: not protocol._parked, "the patient connection was read again")
+        app.dispatcher.room = 1
+        patient.sendall(post(b"after retry-after"))  # no answer has earned the lane a release
+        assert answer(patient)[0] == 200
+    assert not app.seen[b"after retry-after"]["lane_wait"]
+
+
+def test_a_client_that_re_asked_at_once_stays_in_the_lane_past_retry_after(served, monkeypatch):
+    monkeypatch.setattr(http_protocol, "PATIENCE", 0.05)
+    app, port, server = served
+    app.state.settings.slo_seconds = 0.1  # a headroom of 15 ms, well within PATIENCE
+    with park(port, server) as parked:
+        protocol = protocol_of(server, parked)
+        until(lambda: protocol._patience is None, "the patience timer ran")
+        assert protocol._parked and nothing_to_read(parked)

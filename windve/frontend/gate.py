@@ -62,7 +62,7 @@ class OverloadGate:
     def state(self):
         return self.app.state
 
-    def _lane_budget(self) -> float:
+    def lane_budget(self) -> float:
         """How long a request may have waited in its socket in the slow lane and still be admitted:
         the SLO's headroom, which the depths leave free for waits they do not see."""
         return self.app.state.settings.slo_seconds * DEFAULT_HEADROOM
@@ -95,7 +95,7 @@ class OverloadGate:
         return error
 
     def _refused(self, dispatcher, scope: dict) -> ApiError | None:
-        if scope.get(LANE_WAIT) and time.perf_counter() - scope[ARRIVED] > self._lane_budget():
+        if scope.get(LANE_WAIT) and time.perf_counter() - scope[ARRIVED] > self.lane_budget():
             return ApiError(429, LATE, OVERLOADED, retry_after=1.0)
         try:
             dispatcher.check_room(1, promised=self.passes)

@@ -24,6 +24,7 @@ Serve with `uvicorn.Config(app, http=JsonErrorHttpToolsProtocol)` (or the import
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import math
 import sys
@@ -38,7 +39,7 @@ from windve.frontend.errors import MALFORMED, TOO_LARGE, ApiError, json_response
 from windve.frontend.gate import OverloadGate
 from windve.frontend.pipeline import ARRIVED, BUSY_ANSWERED, LANE_WAIT
 from windve.frontend.routes import health_answer
-from windve.frontend.slow_lane import peer_closed, stamp_arrivals, waiting_since
+from windve.frontend.slow_lane import PATIENCE, peer_closed, stamp_arrivals, waiting_since
 
 HEALTH_PATHS = ("/health", "/")  # GET / is /health too, as TEI answers it
 SHUTDOWN_GRACE = 1.0  # seconds an idle connection stays open once shutdown begins
@@ -51,6 +52,8 @@ class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
     _shutting_down = False
     _parked = False  # not read, waiting in the slow lane
     _parked_at = 0.0
+    _parks = 0  # times parked: a lane entry releases only the park it was made for
+    _patience: asyncio.TimerHandle | None = None
     _waited_since: float | None = None  # when the request read next arrived, if it waited parked
 
     def shutdown(self) -> None:
@@ -163,14 +166,34 @@ class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
         self._unset_keepalive_if_required()
         self.flow.pause_reading()
         self._parked = True
+        self._parks += 1
         self._parked_at = time.perf_counter()
-        lane.park(self._release)
+        lane.park(functools.partial(self._release, self._parks))
+        # A client that honours the 429's Retry-After asks again about then: be reading when it does.
+        self._patience = self.loop.call_later(PATIENCE, self._wake_if_patient)
 
-    def _release(self) -> bool:
-        """Read this connection again; whether a request was waiting in its socket."""
-        if not self._parked:
+    def _wake_if_patient(self) -> None:
+        """Read again a parked connection whose client has not asked again yet, or asked only
+        just now, so that its request is read when it comes. One whose request has waited since
+        the 429 (a client that re-asks at once) stays in the lane: read, it would be answered
+        429 for having waited too long, and the lane paces that."""
+        self._patience = None
+        if not self._parked or self.transport.is_closing():
+            return
+        since = waiting_since(self.transport, self._parked_at)
+        gate = _gate_of(self.app)
+        if since is None or (gate is not None and time.perf_counter() - since <= gate.lane_budget()):
+            self._release()
+
+    def _release(self, park: int | None = None) -> bool:
+        """Read this connection again (if `park` is given, only while parked by that park);
+        whether a request was waiting in its socket."""
+        if not self._parked or (park is not None and park != self._parks):
             return False
         self._parked = False
+        if self._patience is not None:
+            self._patience.cancel()
+            self._patience = None
         if self.transport.is_closing():
             return False
         self._waited_since = waiting_since(self.transport, self._parked_at)

@@ -23,6 +23,10 @@ A parked client's request is answered as soon as it is read, BUSY if there is st
 connections) / (per_answer x answers a second) for it to be read. The kernel stamps when its
 bytes arrived (SO_TIMESTAMPNS, read with MSG_PEEK at release), so its time to answer counts that
 wait, and the gate refuses a request that waited longer than the SLO's headroom (gate.py).
+
+A client that waits out the 429's Retry-After before it asks again is not kept waiting: a
+connection parked for PATIENCE whose client has not asked again (or has only just) is read again
+at once (http_protocol.py), at the cost of one peek. One that re-asked at once stays in the lane.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from collections.abc import Callable
 PER_STEP = 64  # connections released per loop step at most: the most refusals a step reads ahead of other work
 PER_ANSWER = 4  # connections released per answer the front end gives (not a refusal)
 FLOOR_PER_SECOND = 64  # released whatever the answers, so that no parked connection waits for ever
+PATIENCE = 1.0  # seconds: the least Retry-After a 429 carries (http_protocol: a patient client's wake)
 _TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux's value, where Python does not name it
 _PEEK = socket.MSG_PEEK | socket.MSG_DONTWAIT
 _TCP_CLOSE_WAIT = 8  # tcp_info's first byte, the connection's state (linux/tcp_states.h)
