@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import struct
+import sys
 import time
 from collections import deque
 from collections.abc import Callable
@@ -42,7 +43,8 @@ PER_STEP = 64  # connections released per loop step at most: the most refusals a
 PER_ANSWER = 4  # connections released per answer the front end gives (not a refusal)
 FLOOR_PER_SECOND = 64  # released whatever the answers, so that no parked connection waits for ever
 PATIENCE = 1.0  # seconds: the least Retry-After a 429 carries (http_protocol: a patient client's wake)
-_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux's value, where Python does not name it
+# Linux's value (Python does not name it); elsewhere no stamps, and a waiting request counts from its release.
+_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35 if sys.platform.startswith("linux") else None)
 _PEEK = socket.MSG_PEEK | socket.MSG_DONTWAIT
 _TCP_CLOSE_WAIT = 8  # tcp_info's first byte, the connection's state (linux/tcp_states.h)
 
@@ -109,6 +111,8 @@ def stamp_arrivals(transport: asyncio.BaseTransport) -> None:
     """Have the kernel note when each of the connection's bytes arrived (SO_TIMESTAMPNS), for
     `waiting_since`. Where it cannot (not Linux, not a socket), `waiting_since` finds no stamp."""
     sock = transport.get_extra_info("socket")
+    if _TIMESTAMPNS is None:
+        return
     try:
         sock.setsockopt(socket.SOL_SOCKET, _TIMESTAMPNS, 1)
     except (AttributeError, OSError):
