@@ -231,10 +231,11 @@ class RecordingApp:
 @pytest.fixture
 def served(monkeypatch):
     """uvicorn with the front end's loop, whose lane releases one connection per answer and none
-    by the clock: what is read again follows from what the test does. A stamped connection
+    by the clock, nor for patience: what is read again follows from what the test does. A stamped connection
     beside it keeps the host's stamping on."""
     lane = functools.partial(SlowLane, per_step=8, per_answer=1, floor=0)
     monkeypatch.setattr(event_loop, "SlowLane", lane)
+    monkeypatch.setattr(http_protocol, "PATIENCE", 3600.0)  # the tests of the patient wake set their own
     app = gated_app(room=0, slo=1000.0)
     with stamped_connection(), uvicorn_in_thread(OverloadGate(app), http=JsonErrorHttpToolsProtocol,
                                                  loop="windve.frontend.event_loop:new_event_loop") as (server, port):
@@ -344,7 +345,8 @@ def test_a_client_that_waits_out_retry_after_is_read_when_it_asks_again(served, 
     app, port, server = served
     with refused_once(port, server) as patient:
         protocol = protocol_of(server, patient)
-        until(lambda: not protocol._parked, "the patient connection was read again")
+        # Read again: its socket peeked (nothing waited) and reading resumed.
+        until(lambda: not protocol._parked and not protocol.flow.read_paused, "the patient connection was read again")
         app.dispatcher.room = 1
         patient.sendall(post(b"after retry-after"))  # no answer has earned the lane a release
         assert answer(patient)[0] == 200
