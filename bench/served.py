@@ -360,6 +360,11 @@ def print_control(row: dict) -> None:
     print(f"    1 s before the end: {described}", flush=True)
 
 
+def percentile_ms(ordered: list[float], q: float) -> float | None:
+    """The q-quantile of sorted seconds, in ms (the nearest rank at or below); None for none."""
+    return 1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else None
+
+
 class Sampler:
     """A few more closed-loop clients beside wrk that time each answer with its status.
 
@@ -405,10 +410,7 @@ class Sampler:
             thread.join(90)
         ok = sorted(seconds for status, seconds in self.answers if status == 200)
         busy = sorted(seconds for status, seconds in self.answers if status == 429)
-
-        def pct(values: list[float], q: float) -> float | None:
-            return 1000 * values[min(len(values) - 1, int(q * len(values)))] if values else None
-
+        pct = percentile_ms
         return {"answers": len(self.answers), "ok": len(ok), "busy": len(busy),
                 "ok_p50_ms": pct(ok, 0.5), "ok_p99_ms": pct(ok, 0.99), "ok_max_ms": 1000 * ok[-1] if ok else None,
                 "busy_p50_ms": pct(busy, 0.5), "busy_p99_ms": pct(busy, 0.99)}
@@ -460,7 +462,7 @@ class HealthPoller(threading.Thread):
             "polls": len(ordered),
             "failures": self.failures,
             "max_ms": 1000 * ordered[-1] if ordered else None,
-            "p99_ms": 1000 * ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] if ordered else None,
+            "p99_ms": percentile_ms(ordered, 0.99),
         }
 
 

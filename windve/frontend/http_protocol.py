@@ -183,20 +183,29 @@ class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
         since = waiting_since(self.transport, self._parked_at)
         gate = _gate_of(self.app)
         if since is None or (gate is not None and time.perf_counter() - since <= gate.lane_budget()):
-            self._release()
+            self._unpark(None)
+            self._resume(since)  # what this peek saw: a request arriving after it is read at once
 
     def _release(self, park: int | None = None) -> bool:
         """Read this connection again (if `park` is given, only while parked by that park);
         whether a request was waiting in its socket."""
+        return self._unpark(park) and self._resume(waiting_since(self.transport, self._parked_at))
+
+    def _unpark(self, park: int | None) -> bool:
+        """Leave the lane (if `park` is given, only the park it names); whether the connection is
+        still there to read."""
         if not self._parked or (park is not None and park != self._parks):
             return False
         self._parked = False
         if self._patience is not None:
             self._patience.cancel()
             self._patience = None
-        if self.transport.is_closing():
-            return False
-        self._waited_since = waiting_since(self.transport, self._parked_at)
+        return not self.transport.is_closing()
+
+    def _resume(self, waited_since: float | None) -> bool:
+        """Read again; `waited_since`: when the request waiting in the socket arrived (None: none
+        waits). Whether a client waits for that request's answer."""
+        self._waited_since = waited_since
         self.flow.resume_reading()
         idle = self.cycle is None or self.cycle.response_complete
         if idle and self.timeout_keep_alive_task is None:
@@ -204,7 +213,7 @@ class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
             self.timeout_keep_alive_task = timer
         # A client that has gone (it timed out and closed) costs a read, but it is not a client
         # waiting for its answer: the ones behind it are released in the same step.
-        return self._waited_since is not None and not peer_closed(self.transport)
+        return waited_since is not None and not peer_closed(self.transport)
 
     def send_400_response(self, msg: str) -> None:
         # uvicorn calls this while handling the parser's exception, which says what was wrong.
