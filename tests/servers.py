@@ -112,3 +112,23 @@ def uvicorn_in_thread(app, **config) -> Iterator[tuple[uvicorn.Server, int]]:
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+def read_answers(sock: socket.socket, count: int) -> list[tuple[int, dict[str, str], bytes]]:
+    """`count` HTTP/1.1 responses off a raw socket, each (status, headers, body); fewer if it closes first."""
+    data, answers = b"", []
+    while len(answers) < count:
+        head_end = data.find(b"\r\n\r\n")
+        if head_end >= 0:
+            lines = data[:head_end].decode("latin-1").split("\r\n")
+            headers = dict(line.lower().split(": ", 1) for line in lines[1:])
+            end = head_end + 4 + int(headers["content-length"])
+            if len(data) >= end:
+                answers.append((int(lines[0].split()[1]), headers, data[head_end + 4 : end]))
+                data = data[end:]
+                continue
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    return answers

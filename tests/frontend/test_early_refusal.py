@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from queue_manager.protocol import Busy, ShuttingDown
-from tests.servers import uvicorn_in_thread
+from tests.servers import read_answers, uvicorn_in_thread
 from windve.frontend.gate import OverloadGate
 from windve.frontend.http_protocol import JsonErrorHttpToolsProtocol
 from windve.frontend.pipeline import ARRIVED
@@ -70,26 +70,6 @@ def post(path: str, body: bytes, version: str = "1.1") -> bytes:
         f"POST {path} HTTP/{version}\r\nHost: t\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\n\r\n"
     ).encode() + body
-
-
-def read_answers(sock: socket.socket, count: int) -> list[tuple[int, dict[str, str], bytes]]:
-    """`count` responses off the socket: (status, headers, body)."""
-    data, answers = b"", []
-    while len(answers) < count:
-        head_end = data.find(b"\r\n\r\n")
-        if head_end >= 0:
-            lines = data[:head_end].decode("latin-1").split("\r\n")
-            headers = dict(line.lower().split(": ", 1) for line in lines[1:])
-            end = head_end + 4 + int(headers["content-length"])
-            if len(data) >= end:
-                answers.append((int(lines[0].split()[1]), headers, data[head_end + 4 : end]))
-                data = data[end:]
-                continue
-        chunk = sock.recv(65536)
-        if not chunk:
-            break
-        data += chunk
-    return answers
 
 
 BODY = json.dumps({"inputs": "hello"}).encode()

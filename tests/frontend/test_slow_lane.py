@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 
 from queue_manager.protocol import Busy
-from tests.servers import uvicorn_in_thread
+from tests.servers import read_answers, uvicorn_in_thread
 from windve.frontend import event_loop, http_protocol
 from windve.frontend.gate import LATE, OverloadGate
 from windve.frontend.http_protocol import JsonErrorHttpToolsProtocol
@@ -250,18 +250,10 @@ def post(body: bytes) -> bytes:
 HEALTH = b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n"
 
 
-def answer(sock: socket.socket) -> tuple[int, bytes]:
-    """One response: its status and its bytes (every answer here has a Content-Length)."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(65536)
-        assert chunk, f"the connection closed after {data!r}"
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
-    while len(body) < length:
-        body += sock.recv(65536)
-    return int(head.split()[1]), data
+def answer(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
+    """The next response on the connection, which must not close before it."""
+    ((status, headers, body),) = read_answers(sock, 1)
+    return status, headers, body
 
 
 def nothing_to_read(sock: socket.socket) -> bool:
@@ -327,8 +319,8 @@ def test_a_request_that_waited_parked_past_the_slos_headroom_is_busy_whatever_th
         app.dispatcher.room = 1
         other.sendall(post(b"admitted"))
         assert answer(other)[0] == 200
-        status, data = answer(parked)
-    assert status == 429 and LATE.encode() in data
+        status, _, body = answer(parked)
+    assert status == 429 and LATE.encode() in body
     assert b"waiting" not in app.seen
 
 
@@ -336,8 +328,8 @@ def test_shutdown_reads_and_answers_what_waits_in_a_parked_connection(served):
     app, port, server = served
     with park(port, server) as parked:
         server.should_exit = True
-        status, data = answer(parked)
-    assert status == 429 and b"connection: close" in data.lower()
+        status, headers, _ = answer(parked)
+    assert status == 429 and headers["connection"] == "close"
 
 
 
