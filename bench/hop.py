@@ -4,7 +4,9 @@ The same queue manager serves both, over an instance that answers at once (zeros
 timed is the path around the model: admission, batching, the hop and the answer. Prints the
 round trip of one request at a time (latency) and the requests per second with 64 in flight
 (throughput), for the in-process `LocalDispatcher` and for a `RemoteDispatcher` talking to a
-`DispatcherServer` in a child process over ZMQ ipc.
+`DispatcherServer` in a child process over ZMQ ipc, and the CPU time per request of each side of
+the hop in the throughput run (from /proc: every thread, ZMQ's I/O thread included), which is
+what bounds one dispatcher process: at X us per request it admits at most 1 / X requests a second.
 
     python bench/hop.py [--requests 5000] [--texts 1]
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing
+import os
 import sys
 import tempfile
 import time
@@ -28,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 from queue_manager.manager import QueueManager  # noqa: E402
 from windve.dispatcher.board import StateBoard  # noqa: E402
 from windve.dispatcher.client import LocalDispatcher, RemoteDispatcher  # noqa: E402
+from windve.engine_process.usage import process_usage  # noqa: E402
 
 DIM = 384
 
@@ -67,7 +71,12 @@ def _serve(address: str, board: str, ready) -> None:
     asyncio.run(main())
 
 
-async def _measure(dispatcher, requests: int, texts: int) -> tuple[float, float]:
+def _cpu_seconds(pid: int) -> float:
+    usage = process_usage(pid)
+    return usage[1] if usage is not None else float("nan")
+
+
+async def _measure(dispatcher, requests: int, texts: int, server_pid: int | None = None) -> tuple[float, ...]:
     sequences = [np.arange(1, 76, dtype=np.int32)] * texts
 
     async def one() -> None:
@@ -86,10 +95,18 @@ async def _measure(dispatcher, requests: int, texts: int) -> tuple[float, float]
         for _ in range(count):
             await one()
 
+    own = server = None
+    if server_pid is not None:
+        own, server = _cpu_seconds(os.getpid()), _cpu_seconds(server_pid)
     started = time.perf_counter()
     await asyncio.gather(*(worker(requests // 64) for _ in range(64)))
-    throughput = (requests // 64) * 64 / (time.perf_counter() - started)
-    return latency, throughput
+    done = (requests // 64) * 64
+    throughput = done / (time.perf_counter() - started)
+    if server_pid is None:
+        return latency, throughput
+    own_us = (_cpu_seconds(os.getpid()) - own) / done * 1e6
+    server_us = (_cpu_seconds(server_pid) - server) / done * 1e6
+    return latency, throughput, own_us, server_us
 
 
 async def _local(requests: int, texts: int) -> tuple[float, float]:
@@ -97,11 +114,11 @@ async def _local(requests: int, texts: int) -> tuple[float, float]:
     return await _measure(LocalDispatcher(runtime), requests, texts)
 
 
-async def _remote(address: str, board: Path, requests: int, texts: int) -> tuple[float, float]:
+async def _remote(address: str, board: Path, requests: int, texts: int, server_pid: int) -> tuple[float, ...]:
     client = RemoteDispatcher(address, board)
     client.start()
     try:
-        return await _measure(client, requests, texts)
+        return await _measure(client, requests, texts, server_pid)
     finally:
         await client.close()
 
@@ -122,7 +139,7 @@ def main() -> None:
     ready.wait(60)
     try:
         local = asyncio.run(_local(args.requests, args.texts))
-        remote = asyncio.run(_remote(address, board, args.requests, args.texts))
+        remote = asyncio.run(_remote(address, board, args.requests, args.texts, child.pid))
     finally:
         child.kill()
     print(f"{args.requests} requests of {args.texts} x 75-token text(s), an instance that answers at once")
@@ -130,6 +147,7 @@ def main() -> None:
     print(f"{'in process (LocalDispatcher)':<34} {local[0] * 1e6:>19.1f} {local[1]:>21.0f}")
     print(f"{'ZMQ ipc (RemoteDispatcher)':<34} {remote[0] * 1e6:>19.1f} {remote[1]:>21.0f}")
     print(f"the hop adds {(remote[0] - local[0]) * 1e6:.1f} us to a request's round trip")
+    print(f"CPU per request at 64 in flight: front-end side {remote[2]:.1f} us, dispatcher {remote[3]:.1f} us")
 
 
 if __name__ == "__main__":

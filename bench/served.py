@@ -51,6 +51,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from bench import cpu_cost  # noqa: E402
 from tests.servers import free_port  # noqa: E402
 from windve.model import ModelSpec, load_model_spec  # noqa: E402
 from windve.tokenizer import FILLER_TEXT, TextTokenizer  # noqa: E402
@@ -324,6 +325,8 @@ def run_wrk_watched(port: int, bodies: Path, clients: int, args: argparse.Namesp
 
     Read under load, because the depth and the live tail are what they are while it lasts; the
     line printed under the row says whether the depth moved and why."""
+    serve_pid = getattr(args, "serve_pid", None)
+    before = cpu_cost.snapshot(serve_pid) if serve_pid else None
     process, clients = start_wrk(port, bodies, "/embed", clients, args.seconds, args)
     sampler = Sampler(port, bodies, args.samplers) if args.samplers else None
     if sampler:
@@ -336,7 +339,11 @@ def run_wrk_watched(port: int, bodies: Path, clients: int, args: argparse.Namesp
     else:
         late = None
     row = finish_wrk(process, clients)
+    after = cpu_cost.snapshot(serve_pid) if serve_pid else None
     row["sampled"] = sampler.finish() if sampler else None
+    if before is not None and after is not None:
+        answered = row["ok"] + (row["sampled"]["ok"] if row["sampled"] else 0)
+        row["cpu_cost"] = cpu_cost.cost_per_request(before, after, answered)
     row["sampler_connections"] = args.samplers
     row["control"] = {
         pool["name"]: {"depth": pool["depth"], "live_p99_s": pool["control"].get("live_p99"),
@@ -430,6 +437,11 @@ def print_sampled(row: dict) -> None:
           f"p99 {show(sampled['busy_p99_ms'])}", flush=True)
 
 
+def print_cost(row: dict) -> None:
+    if row.get("cpu_cost"):
+        print(f"    {cpu_cost.describe(row['cpu_cost'])}", flush=True)
+
+
 class HealthPoller(threading.Thread):
     """GET /health in a loop (one keep-alive connection), recording each answer's latency."""
 
@@ -492,6 +504,7 @@ def served(port: int, bodies: Path, path: str, clients: list[int], args: argpars
         if windve:
             print_control(row)
             print_sampled(row)
+            print_cost(row)
         rows.append(row)
     return rows
 
@@ -529,6 +542,7 @@ def overload(port: int, bodies: Path, peak: float | None, args: argparse.Namespa
                   health["failures"])
         print_control(row)
         print_sampled(row)
+        print_cost(row)
     if not peak:
         print("  goodput/peak: n/a, the served section did not run (add it to --sections)")
     return rows
@@ -606,6 +620,7 @@ def run_windve(bodies: Path, clients: list[int], sections: set[str], args: argpa
         print(f"\nwindve serve on port {port} (log {process.log_path}): model {info.get('model_id')}, "
               f"{info.get('model_dtype')}; pools: {plan}", flush=True)
         args.wrk_cpus = wrk_cpus(info)
+        args.serve_pid = process.pid
         run_wrk(port, bodies, "/embed", 4, args.warmup_seconds, args)  # warm-up, not reported
         if "served" in sections:
             results["served"] = served(port, bodies, "/embed", clients, args, "windve", windve=True)

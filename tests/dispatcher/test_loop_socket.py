@@ -20,10 +20,10 @@ async def _echo_round(tmp_path, per_turn: int) -> list[int]:
     done = asyncio.Event()
 
     def echo(frames: list) -> None:
-        router.send([frames[0].bytes, frames[1].bytes])
+        router.send([frames[0], frames[1]])
 
     def collect(frames: list) -> None:
-        replies.append(int(frames[0].bytes))
+        replies.append(int(frames[0]))
         if len(replies) == MESSAGES:
             done.set()
 

@@ -103,7 +103,7 @@ class RemoteTicket:
         header, payload = self.future.result()
         status = header["status"]
         if status == messages.OK:
-            return messages.vectors_from_frame(payload[0].buffer, header["n"], header["dim"])
+            return messages.vectors_from_frame(payload[0], header["n"], header["dim"])
         retry = header.get("retry_after", 1.0)
         if status == messages.BUSY:
             raise Busy(retry_after=retry, message=header["message"])
@@ -134,7 +134,7 @@ class RemoteDispatcher:
         self._socket.start()
 
     def _receive(self, frames: list) -> None:
-        header = messages.unpack(frames[0].buffer)
+        header = messages.unpack(frames[0])
         future = self._waiting.pop(header["id"], None)
         if future is not None and not future.done():
             future.set_result((header, frames[1:]))
@@ -199,7 +199,7 @@ class RemoteDispatcher:
 
     async def metrics_text(self) -> bytes:
         _, payload = await asyncio.wait_for(self._ask({"op": messages.METRICS}), CONTROL_TIMEOUT)
-        return bytes(payload[0].buffer)
+        return payload[0]
 
     async def close(self) -> None:
         self._socket.close()

@@ -5,6 +5,9 @@ On the H100 host that wrapper took ~30 % of the dispatcher's main thread at ~4,5
 (bench/SERVED.md); here it is a plain socket whose descriptor the loop watches. When the
 descriptor signals, every waiting message is read with NOBLOCK, up to `per_turn` in one loop
 turn so that the batcher and the answers get the loop between reads. Sends are NOBLOCK too.
+Messages arrive as lists of bytes: the frames are small (a request's token ids, its vectors),
+and a zero-copy zmq.Frame costs more to make than such a copy. Whether one waits is asked of
+ZMQ_EVENTS rather than learnt from a zmq.Again, whose making costs as much as a message.
 
 ZMQ's descriptor is edge-triggered, and a send can take in waiting messages without signalling
 it: after each send, ZMQ_EVENTS says whether a read must be scheduled.
@@ -57,9 +60,11 @@ class LoopSocket:
         for _ in range(self._per_turn):
             if self.socket.closed:
                 return
+            if not self.socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                return
             try:
-                frames = self.socket.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
+                frames = self.socket.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:  # EVENTS said one waits; never seen, but never block the loop
                 return
             self._on_message(frames)
         self._schedule()  # more may wait: read them next turn

@@ -93,7 +93,7 @@ class DispatcherServer:
     # ---- requests --------------------------------------------------------------------
 
     def _receive(self, frames: list) -> None:
-        client, header = frames[0].bytes, messages.unpack(frames[1].buffer)
+        client, header = frames[0], messages.unpack(frames[1])
         try:
             self._handle(client, header, frames[2:])
         except Exception:  # noqa: BLE001 - one bad message must not stop the dispatcher
@@ -130,7 +130,7 @@ class DispatcherServer:
             self._answer(client, request_id, messages.UNAVAILABLE, message="the model is still loading", retry=1.0)
             return
         qm = runtime.queue_manager
-        sequences = messages.sequences_from_frames(payload[0].buffer, payload[1].buffer)
+        sequences = messages.sequences_from_frames(payload[0], payload[1])
         try:
             request = qm.admit(sequences)
         except ShuttingDown as refusal:

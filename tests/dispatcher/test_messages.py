@@ -1,0 +1,45 @@
+"""The embed message's token-id frames: what a front end packs, the dispatcher unpacks unchanged."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from windve.dispatcher import messages
+
+
+@pytest.mark.parametrize("lengths", [[75], [1], [3, 1, 7], [512] * 4 + [2]])
+def test_sequences_round_trip_through_bytes(lengths):
+    rng = np.random.default_rng(len(lengths))
+    sequences = [rng.integers(0, 30522, size=n, dtype=np.int32) for n in lengths]
+    lengths_frame, ids_frame = messages.sequence_frames(sequences)
+    # What ZMQ hands the dispatcher: bytes copied off the socket.
+    back = messages.sequences_from_frames(bytes(lengths_frame), bytes(ids_frame))
+    assert [len(seq) for seq in back] == lengths
+    for sent, received in zip(sequences, back):
+        assert received.dtype == np.int32
+        np.testing.assert_array_equal(received, sent)
+
+
+@pytest.mark.parametrize(
+    "lengths, ids",
+    [
+        ([], [1, 2]),  # no sequence
+        ([2], [1, 2, 3]),  # more ids than the lengths say
+        ([2, 2], [1, 2, 3]),  # fewer
+        ([3, 0], [1, 2, 3]),  # an empty sequence
+        ([4, -1], [1, 2, 3]),  # a negative length that makes the sum right
+    ],
+)
+def test_malformed_frames_are_refused(lengths, ids):
+    lengths_frame = np.asarray(lengths, dtype=np.int32).tobytes()
+    ids_frame = np.asarray(ids, dtype=np.int32).tobytes()
+    with pytest.raises(ValueError, match="malformed"):
+        messages.sequences_from_frames(lengths_frame, ids_frame)
+
+
+def test_vectors_arrive_writable():
+    vectors = np.arange(12, dtype=np.float32).reshape(3, 4)
+    back = messages.vectors_from_frame(vectors.tobytes(), 3, 4)
+    back /= 2  # the front end normalizes in place
+    np.testing.assert_array_equal(back * 2, vectors)
