@@ -499,6 +499,9 @@ def served(port: int, bodies: Path, path: str, clients: list[int], args: argpars
     for c in clients:
         if windve:
             wait_until_idle(port)
+        if windve and args.level_settle > 0:  # the same load, unreported: adaptive depths reach its crossing
+            run_wrk(port, bodies, path, c, args.level_settle, args)
+            wait_until_idle(port)  # what the settling run left in flight is not the measured run's
         row = run_wrk_watched(port, bodies, c, args) if windve else run_wrk(port, bodies, path, c, args.seconds, args)
         served_row(table, row)
         if windve:
@@ -707,6 +710,9 @@ def main() -> None:
                         help="more closed-loop connections, beside wrk's, that time the 200s apart (0: none)")
     parser.add_argument("--health-interval", type=float, default=0.05, help="seconds between /health polls")
     parser.add_argument("--warmup-seconds", type=float, default=3)
+    parser.add_argument("--level-settle", type=float, default=0,
+                        help="served section, WindVE: seconds of each level's load run unreported before it is "
+                             "measured, so that adaptive depths have met the level (peers keep no such state)")
     parser.add_argument("--wrk-threads", type=int, default=2)
     parser.add_argument("--wrk-timeout", type=int, default=30, help="seconds before wrk counts a request timed out")
     parser.add_argument("--peers", default="", help="also measure peers at --clients: naive, infinity")
