@@ -460,6 +460,8 @@ class QueueManager:
         engine's answer and its next batch is an engine idle (bench/SERVED.md).
         """
         while slot.healthy and slot.queue and len(slot.running) < slot.pipeline:
+            if slot.running and slot.ahead_fill > 0 and not self._worth_sending_ahead(slot):
+                break  # the instance computes: its answer fills the next batch (_batch_answered)
             batch = self._take_batch(slot)
             slot.in_batch += len(batch)
             slot.running.append(batch)
@@ -470,6 +472,15 @@ class QueueManager:
                 slot.pool.metrics.queue_time.observe(sent - query.enqueued)
             slot.pool.metrics.batch_tokens.observe(len(batch) * max(query.tokens for query in batch))
             self._launch(slot, batch, sent)
+
+    @staticmethod
+    def _worth_sending_ahead(slot: InstanceSlot) -> bool:
+        """Whether the slot's queue holds the instance's `ahead_fill` of a full batch (counted in
+        queries of the oldest one's length): a batch sent ahead waits in the engine's pipe as it is,
+        and the queries behind it cannot join it."""
+        pool, queue = slot.pool, slot.queue
+        full = max(1, min(pool.max_batch_size, pool.max_batch_tokens // max(1, queue[0].tokens)))
+        return len(queue) >= max(1, math.ceil(full * slot.ahead_fill))
 
     def _launch(self, slot: InstanceSlot, batch: list[Query], sent: float) -> None:
         """Start the batch on the instance. An instance with `submit` starts it in this call and its

@@ -148,6 +148,12 @@ class InstanceSlot:
         """Batches the instance takes at once (protocol.Instance.pipeline; 1 when it says nothing)."""
         return max(1, int(getattr(self.instance, "pipeline", 1)))
 
+    @property
+    def ahead_fill(self) -> float:
+        """Share of a full batch queued before one is handed over while another computes
+        (protocol.Instance.ahead_fill; 0, at once, when it says nothing)."""
+        return min(1.0, max(0.0, float(getattr(self.instance, "ahead_fill", 0.0))))
+
     def note_batch(self, queries: int, seconds: float) -> None:
         if seconds > 0:
             rate = queries / seconds

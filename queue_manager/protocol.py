@@ -53,7 +53,9 @@ class Instance(Protocol):
     at once: the queue manager then hands it the next batch while the current one computes, and
     the instance must answer its calls in the order they were made (engine processes do: the next
     batch waits in the engine's pipe, so the engine does not idle while the dispatcher's thread
-    is busy elsewhere).
+    is busy elsewhere). With `ahead_fill = F` (a float attribute, 0 when absent) a batch is handed
+    over while another computes only once F of a full batch is queued; until then the queries wait
+    for the computing batch's answer and leave with whatever came meanwhile.
 
     An instance may also offer `submit(sequences) -> concurrent.futures.Future`, which starts the
     batch before it returns and resolves to what `embed` returns (on any thread). The queue manager

@@ -60,6 +60,14 @@ def test_single_worker_pinning_is_what_the_plan_said(g1):
     assert info["membind"] in ("bound", "preferred") or info["membind"].startswith("unavailable: ")
 
 
+def test_cpu_engines_send_a_batch_ahead_only_half_full_and_accelerators_at_once(minilm_spec):
+    """No process starts: what the queue manager reads off the instance (queue_manager/pool.py)."""
+    cpu = EngineProcessInstance(minilm_spec, name="c", rank_cores=[[0]], numa_nodes=[0])
+    gpu = EngineProcessInstance(minilm_spec, name="a", rank_cores=[[0]], numa_nodes=[0], device="cuda:0", dtype="fp16")
+    assert (cpu.pipeline, cpu.ahead_fill) == (2, 0.5)
+    assert (gpu.pipeline, gpu.ahead_fill) == (2, 0.0)
+
+
 def test_two_rank_tp_matches_the_unsharded_model(g2, minilm_engine, run_async):
     for sequences in (token_batch(3, 30522, seed=2), token_batch(16, 30522, lengths=[75] * 16, seed=3)):
         assert_close(run_async(g2.embed(sequences)), reference_embeddings(minilm_engine, sequences))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import numpy as np
 import pytest
 
 from queue_manager.manager import QueueManager
@@ -124,5 +125,83 @@ def test_closing_fails_the_batches_a_submitting_instance_still_holds():
         engine.complete()  # a late answer after close changes nothing
         await settle()
         assert qm.in_flight == 0
+
+    asyncio.run(scenario())
+
+
+@PIPELINED
+def test_a_batch_waits_in_the_queue_rather_than_in_the_pipe_until_half_a_batch_is_there(kind):
+    """Sent ahead while the instance computes, a batch is committed as it is: one of a query or two
+    would cost nearly a full batch's time while the queries behind it could have joined it."""
+
+    async def scenario():
+        engine = kind("cpu0", pipeline=2)
+        engine.ahead_fill = 0.5  # as CPU engine processes say
+        qm = QueueManager([("cpu", 16, [engine])], max_batch_size=4)
+        await qm.start()
+        first = qm.admit(queries([1]))
+        await settle()
+        assert engine.batches() == [[1]]  # an idle instance takes whatever there is, at once
+        second = qm.admit(queries([2]))
+        await settle()
+        assert engine.batches() == [[1]]  # one query is a quarter of a batch: it stays queued
+        third = qm.admit(queries([3]))
+        await settle()
+        assert engine.batches() == [[1], [2, 3]]  # two are half of one: sent ahead
+        fourth = qm.admit(queries([4]))
+        await settle()
+        engine.complete()
+        await settle()
+        assert engine.batches() == [[2, 3]]  # [2, 3] computes now: [4] alone would be ahead again
+        engine.complete()
+        await settle()
+        assert engine.batches() == [[4]]  # the instance is idle: what waits leaves, however little
+        engine.complete()
+        answers = [markers_of(await request.future) for request in (first, second, third, fourth)]
+        assert answers == [[1], [2], [3], [4]] and qm.in_flight == 0
+        await qm.close()
+
+    asyncio.run(scenario())
+
+
+@PIPELINED
+def test_an_instance_that_says_nothing_gets_the_next_batch_at_once_however_small(kind):
+    async def scenario():
+        engine = kind("cpu0", pipeline=2)  # no ahead_fill: accelerators, and instances of other kinds
+        qm = QueueManager([("cpu", 16, [engine])], max_batch_size=32)
+        await qm.start()
+        first = qm.admit(queries([1]))
+        await settle()
+        second = qm.admit(queries([2]))
+        await settle()
+        assert engine.batches() == [[1], [2]]
+        engine.complete()
+        await settle()
+        engine.complete()
+        assert [markers_of(await first.future), markers_of(await second.future)] == [[1], [2]]
+        await qm.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_long_query_fills_half_a_batch_by_its_tokens():
+    async def scenario():
+        engine = SubmittingInstance("cpu0", pipeline=2)
+        engine.ahead_fill = 0.5
+        # 8 queries or 64 tokens a batch: four 16-token queries fill one, so two are half.
+        qm = QueueManager([("cpu", 64, [engine])], max_batch_size=8, max_batch_tokens=64)
+        await qm.start()
+        requests = [qm.admit([np.full(16, 1)])]
+        await settle()
+        requests.append(qm.admit([np.full(16, 2)]))
+        await settle()
+        assert engine.batches() == [[1]]
+        requests.append(qm.admit([np.full(16, 3)]))
+        await settle()
+        assert engine.batches() == [[1], [2, 3]]  # by their count alone (8 a batch), two would wait
+        engine.complete()
+        engine.complete()
+        assert [markers_of(await request.future) for request in requests] == [[1], [2], [3]]
+        await qm.close()
 
     asyncio.run(scenario())

@@ -44,6 +44,13 @@ DEFAULT_BATCH_TOKENS = 16384
 STOP_GRACE_SECONDS = 5.0
 WATCH_SECONDS = 0.25  # how often a wait for an answer looks at the heartbeats
 PIPELINE = 2  # batches in flight: one computing, the next waiting in the engine's pipe
+# On CPUs the batch waiting in the pipe is sent once half a full batch is queued: a CPU engine's
+# time per query falls with the batch (MiniLM bf16 on one core: 98 q/s at batch 1, 139 at 2,
+# 254 at 32, bench/engines.py) and its batches take long enough (~130 ms for 32) that the queries
+# arriving meanwhile fill the next one; sent at once, batches of one or two queries kept the next
+# arrivals out (bench/SERVED.md, 2026-11-26). Accelerators hand it over at once: their batches take
+# a few milliseconds, and a hand-over as long would idle the device (not yet measured apart there).
+CPU_AHEAD_FILL = 0.5
 
 # The engine's own clock around a batch (no pipe, no queue, no dispatcher): with
 # windve_inference_seconds, the dispatcher's view of the same batches, it says where a batch's
@@ -92,6 +99,7 @@ class EngineProcessInstance:
             )
         self.name = name
         self.pipeline = PIPELINE
+        self.ahead_fill = CPU_AHEAD_FILL if device == "cpu" else 0.0
         self.spec = spec
         self.world = world
         self.rank_cores = [sorted(set(cores)) for cores in rank_cores]
