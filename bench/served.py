@@ -530,9 +530,12 @@ def overload(port: int, bodies: Path, peak: float | None, args: argparse.Namespa
             print(f"{factor:>6g}x skipped: {clients} connections need more than the open-file limit ({limit}) allows")
             continue
         wait_until_idle(port)
-        poller = HealthPoller(port, args.health_interval)
+        poller = HealthPoller(port, args.health_interval)  # through the settling run too
         poller.start()
         try:
+            if args.level_settle > 0:
+                run_wrk(port, bodies, "/embed", clients, args.level_settle, args)
+                wait_until_idle(port)
             row = run_wrk_watched(port, bodies, clients, args)
         finally:
             health = poller.finish()
@@ -711,8 +714,9 @@ def main() -> None:
     parser.add_argument("--health-interval", type=float, default=0.05, help="seconds between /health polls")
     parser.add_argument("--warmup-seconds", type=float, default=3)
     parser.add_argument("--level-settle", type=float, default=0,
-                        help="served section, WindVE: seconds of each level's load run unreported before it is "
-                             "measured, so that adaptive depths have met the level (peers keep no such state)")
+                        help="served and overload sections, WindVE: seconds of each level's load run unreported "
+                             "before it is measured, so that adaptive depths have met the level (peers keep no such "
+                             "state); /health is polled through it")
     parser.add_argument("--wrk-threads", type=int, default=2)
     parser.add_argument("--wrk-timeout", type=int, default=30, help="seconds before wrk counts a request timed out")
     parser.add_argument("--peers", default="", help="also measure peers at --clients: naive, infinity")
