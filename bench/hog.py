@@ -55,8 +55,12 @@ async def client(port: int, stop: asyncio.Event, answers: list[tuple[float, floa
     writer.close()
 
 
-def depth_of(url: str) -> int:
-    return sum(pool["depth"] for pool in httpx.get(url + "/info", timeout=10).json()["pools"])
+def depth_of(url: str) -> tuple[int, float | None]:
+    """The total depth, and the worst of the pools' own live p99 (depth control's, over its tail window)."""
+    pools = httpx.get(url + "/info", timeout=10).json()["pools"]
+    tails = [pool["control"].get("live_p99") for pool in pools if pool.get("control")]
+    tails = [tail for tail in tails if tail is not None]
+    return sum(pool["depth"] for pool in pools), (max(tails) if tails else None)
 
 
 async def run(args: argparse.Namespace) -> None:
@@ -76,7 +80,7 @@ async def run(args: argparse.Namespace) -> None:
             except httpx.HTTPError:
                 pass
             await asyncio.sleep(0.2)  # polling the server's start, bounded by the deadline
-        seed = depth_of(url)
+        seed, _ = depth_of(url)
         clients = max(1, round(seed * args.load))
         hog_window = f"{args.hog_at:g}-{args.hog_at + args.hog_for:g} s"
         print(f"probed depth {seed}; {clients} clients; SLO {args.slo} s; hog at {hog_window}")
@@ -85,7 +89,7 @@ async def run(args: argparse.Namespace) -> None:
         tasks = [asyncio.create_task(client(port, stop, answers)) for _ in range(clients)]
         start = time.perf_counter()
         depths: list[tuple[float, int]] = []
-        print(f"{'t':>4} {'depth':>6} {'ans/s':>7} {'200/s':>7} {'p99 200s (2 s)':>15}")
+        print(f"{'t':>4} {'depth':>6} {'ans/s':>7} {'200/s':>7} {'p99 200s (2 s)':>15} {'service p99 (5 s)':>18}")
         for second in range(1, args.seconds + 1):
             await asyncio.sleep(max(0.0, start + second - time.perf_counter()))  # the report's clock
             now = time.perf_counter() - start
@@ -93,13 +97,14 @@ async def run(args: argparse.Namespace) -> None:
                 hog = subprocess.Popen([sys.executable, "-c", "while 1: pass"])
             if hog is not None and hog.poll() is None and now >= args.hog_at + args.hog_for:
                 hog.kill()
-            depth = await asyncio.to_thread(depth_of, url)
+            depth, service_p99 = await asyncio.to_thread(depth_of, url)
             depths.append((now, depth))
             last = [a for a in answers if a[0] - start > now - 1]
             window = [a[1] for a in answers if a[0] - start > now - 2 and a[2] == 200]
             p99 = float(np.percentile(window, 99)) if window else float("nan")
             ok = sum(1 for a in last if a[2] == 200)
-            print(f"{second:>4} {depth:>6} {len(last):>7} {ok:>7} {p99:>15.3f}", flush=True)
+            own = "-" if service_p99 is None else f"{service_p99:.3f}"
+            print(f"{second:>4} {depth:>6} {len(last):>7} {ok:>7} {p99:>15.3f} {own:>18}", flush=True)
         stop.set()
         await asyncio.gather(*tasks, return_exceptions=True)
         summarize(answers, depths, start, args)
