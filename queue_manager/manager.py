@@ -460,7 +460,7 @@ class QueueManager:
         engine's answer and its next batch is an engine idle (bench/SERVED.md).
         """
         while slot.healthy and slot.queue and len(slot.running) < slot.pipeline:
-            if slot.running and slot.ahead_fill > 0 and not self._worth_sending_ahead(slot):
+            if slot.running and not self._worth_sending_ahead(slot):
                 break  # the instance computes: its answer fills the next batch (_batch_answered)
             batch = self._take_batch(slot)
             slot.in_batch += len(batch)
@@ -476,8 +476,8 @@ class QueueManager:
     @staticmethod
     def _worth_sending_ahead(slot: InstanceSlot) -> bool:
         """Whether the slot's queue holds the instance's `ahead_fill` of a full batch (counted in
-        queries of the oldest one's length): a batch sent ahead waits in the engine's pipe as it is,
-        and the queries behind it cannot join it."""
+        queries of the oldest one's length; any queue when it is 0): a batch sent ahead waits in the
+        engine's pipe as it is, and the queries behind it cannot join it."""
         pool, queue = slot.pool, slot.queue
         full = max(1, min(pool.max_batch_size, pool.max_batch_tokens // max(1, queue[0].tokens)))
         return len(queue) >= max(1, math.ceil(full * slot.ahead_fill))
