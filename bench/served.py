@@ -491,6 +491,14 @@ def served_row(table: Table, row: dict) -> None:
               row["non2xx"], row["busy"], row["socket_errors"])
 
 
+def settle_level(port: int, bodies: Path, clients: int, args: argparse.Namespace) -> None:
+    """`--level-settle` seconds of the level's load, unreported, so that WindVE's adaptive depths have
+    met it; then drained: what the settling run left in flight is not the measured run's."""
+    if args.level_settle > 0:
+        run_wrk(port, bodies, "/embed", clients, args.level_settle, args)
+        wait_until_idle(port)
+
+
 def served(port: int, bodies: Path, path: str, clients: list[int], args: argparse.Namespace, name: str,
            windve: bool) -> list[dict]:
     table = Table(f"served: {name}, {args.seconds:g} s per level, wrk closed loop, one {args.tokens}-token text "
@@ -499,9 +507,8 @@ def served(port: int, bodies: Path, path: str, clients: list[int], args: argpars
     for c in clients:
         if windve:
             wait_until_idle(port)
-        if windve and args.level_settle > 0:  # the same load, unreported: adaptive depths reach its crossing
-            run_wrk(port, bodies, path, c, args.level_settle, args)
-            wait_until_idle(port)  # what the settling run left in flight is not the measured run's
+        if windve:
+            settle_level(port, bodies, c, args)
         row = run_wrk_watched(port, bodies, c, args) if windve else run_wrk(port, bodies, path, c, args.seconds, args)
         served_row(table, row)
         if windve:
@@ -533,9 +540,7 @@ def overload(port: int, bodies: Path, peak: float | None, args: argparse.Namespa
         poller = HealthPoller(port, args.health_interval)  # through the settling run too
         poller.start()
         try:
-            if args.level_settle > 0:
-                run_wrk(port, bodies, "/embed", clients, args.level_settle, args)
-                wait_until_idle(port)
+            settle_level(port, bodies, clients, args)
             row = run_wrk_watched(port, bodies, clients, args)
         finally:
             health = poller.finish()
