@@ -1,8 +1,10 @@
-"""A request's time to answer counts from when its socket was ready, not from when its parse began."""
+"""A request's time to answer counts from when its bytes arrived (the kernel's stamp), not from when
+its parse began."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import threading
 import time
@@ -10,6 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from tests.frontend.kernel_stamps import stamped_connection
 from tests.servers import uvicorn_in_thread
 from windve.frontend.event_loop import FrontEndLoop, new_event_loop
 from windve.frontend.gate import OverloadGate
@@ -17,22 +20,22 @@ from windve.frontend.http_protocol import JsonErrorHttpToolsProtocol
 from windve.frontend.pipeline import ARRIVED
 
 STEP_WORK = 0.05  # seconds each room check takes: stands for a step's other requests
+HOLD = 0.2  # seconds the loop stays busy after the test's requests arrived
 
 
 class SlowDispatcher:
-    """The first room check holds the event loop until the test lets go; every later one works
-    STEP_WORK seconds, as the refusals of a busy step do."""
+    """A room check holds the event loop while `hold` is set, until the test lets go; every other
+    one works STEP_WORK seconds, as the refusals of a busy step do."""
 
     def __init__(self) -> None:
-        self.holding, self.release = threading.Event(), threading.Event()
-        self.calls = 0
+        self.hold, self.holding, self.release = threading.Event(), threading.Event(), threading.Event()
 
     def status(self) -> dict:
         return {"status": "ok"}
 
     def check_room(self, wanted: int, promised: int = 0) -> None:
-        self.calls += 1
-        if self.calls == 1:
+        if self.hold.is_set():
+            self.hold.clear()
             self.holding.set()
             assert self.release.wait(10), "the test never released the loop"
         else:
@@ -75,22 +78,72 @@ def test_the_front_end_loop_notes_when_each_steps_sockets_were_ready():
         loop.close()
 
 
-def test_requests_read_in_one_step_count_from_that_steps_ready_time(served):
+def test_without_a_stamp_a_request_counts_from_its_steps_select():
+    loop = new_event_loop()
+    try:
+        loop.run_until_complete(asyncio.sleep(0.01))
+        assert loop.arrival(None) == loop.ready_at
+        assert loop.arrival(12345) == loop.ready_at  # a descriptor nobody watches
+    finally:
+        loop.close()
+
+
+def answered(sock: socket.socket, count: int = 1) -> None:
+    data = b""
+    while data.count(b"HTTP/1.1 200") < count:
+        chunk = sock.recv(4096)
+        assert chunk, "the server closed the connection"
+        data += chunk
+
+
+def test_requests_count_from_when_their_bytes_arrived_while_the_loop_was_busy(served):
     app, port = served
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as first:
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(stamped_connection())  # skips where the kernel does not stamp TCP
+        first, second, third = (
+            stack.enter_context(socket.create_connection(("127.0.0.1", port), timeout=10)) for _ in range(3)
+        )
+        for sock in (second, third):  # accepted and watched before the loop is held
+            sock.sendall(post(b"warm"))
+            answered(sock)
+        app.dispatcher.hold.set()
         first.sendall(post(b"first"))
         assert app.dispatcher.holding.wait(10)  # the loop is inside the first request's step
-        # Both become ready while the loop is held, so one step reads them; the one read second
-        # waits behind the other's STEP_WORK, which its parse time alone would not count.
-        second = socket.create_connection(("127.0.0.1", port), timeout=10)
-        third = socket.create_connection(("127.0.0.1", port), timeout=10)
-        with second, third:
-            second.sendall(post(b"second"))
-            third.sendall(post(b"third"))
-            app.dispatcher.release.set()
-            for sock in (first, second, third):
-                assert sock.recv(1024).startswith(b"HTTP/1.1 200")
+        sent = time.perf_counter()
+        second.sendall(post(b"second"))
+        third.sendall(post(b"third"))
+        sent_by = time.perf_counter()
+        # The loop is busy for HOLD more: the two requests wait in their sockets for the select
+        # that follows, then the third behind the second's STEP_WORK.
+        time.sleep(HOLD)
+        app.dispatcher.release.set()
+        for sock in (first, second, third):
+            answered(sock)
     (arrived_2, seen_2), (arrived_3, seen_3) = app.arrived[b"second"], app.arrived[b"third"]
-    assert arrived_2 == arrived_3  # the same step's ready time
-    assert max(seen_2 - arrived_2, seen_3 - arrived_3) >= 2 * STEP_WORK  # the later one's wait is counted
-    assert app.arrived[b"first"][0] < arrived_2
+    for arrived in (arrived_2, arrived_3):
+        assert sent - 0.005 <= arrived <= sent_by  # the kernel's stamp, not the select's time
+    assert seen_2 - arrived_2 >= HOLD
+    assert seen_3 - arrived_3 >= HOLD + STEP_WORK
+
+
+def test_a_pipelined_request_behind_the_first_counts_from_its_steps_select(served):
+    app, port = served
+    with stamped_connection(), socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(post(b"warm"))
+        answered(sock)
+        app.dispatcher.hold.set()
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as holder:
+            holder.sendall(post(b"hold"))
+            assert app.dispatcher.holding.wait(10)
+            sent = time.perf_counter()
+            sock.sendall(post(b"one") + post(b"two"))  # both in one read
+            sent_by = time.perf_counter()
+            time.sleep(HOLD)
+            released = time.perf_counter()
+            app.dispatcher.release.set()
+            answered(holder)
+        answered(sock, 2)
+    # The stamp is of the first byte: the second request may have come later, and taking it for
+    # both would overstate the second's wait.
+    assert sent - 0.005 <= app.arrived[b"one"][0] <= sent_by
+    assert app.arrived[b"two"][0] >= released

@@ -8,7 +8,6 @@ driven by raw sockets.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import select
 import socket
@@ -18,12 +17,13 @@ from types import SimpleNamespace
 import pytest
 
 from queue_manager.protocol import Busy
+from tests.frontend.kernel_stamps import Transport, stamped_connection
 from tests.servers import read_answers, uvicorn_in_thread
 from windve.frontend import event_loop, http_protocol
 from windve.frontend.gate import LATE, OverloadGate
 from windve.frontend.http_protocol import JsonErrorHttpToolsProtocol
 from windve.frontend.pipeline import ARRIVED, GATE_PASS, LANE_WAIT, release_pass
-from windve.frontend.slow_lane import SlowLane, peer_closed, stamp_arrivals, waiting_since
+from windve.frontend.slow_lane import SlowLane, peer_closed, waiting_since
 
 # ---- the lane alone ----------------------------------------------------------------------------
 
@@ -90,48 +90,10 @@ def test_the_floor_releases_without_answers(loop):
 # ---- the kernel's stamps -----------------------------------------------------------------------
 
 
-class Transport:
-    """What the lane's helpers read of an asyncio transport: its socket."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-
-    def get_extra_info(self, name: str):
-        return self.sock if name == "socket" else None
-
-
 @pytest.fixture
 def connection():
     with stamped_connection() as pair:
         yield pair
-
-
-@contextlib.contextmanager
-def stamped_connection():
-    """A TCP connection on loopback whose server side the kernel stamps, once it does."""
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen()
-        client = socket.create_connection(listener.getsockname())
-        server, _ = listener.accept()
-    server.setblocking(False)
-    stamp_arrivals(Transport(server))
-    with client, server:
-        stamping(client, server)
-        yield client, server
-
-
-def stamping(client: socket.socket, server: socket.socket) -> None:
-    """Until the kernel stamps what arrives: the first socket to ask turns stamping on for the
-    host, and the kernel starts it from a work queue, a moment later."""
-    for _ in range(500):
-        client.sendall(b"-")
-        select.select([server], [], [], 10)
-        _, ancillary, _, _ = server.recvmsg(1, socket.CMSG_SPACE(16))
-        if ancillary:
-            return
-        time.sleep(0.01)  # polls the kernel, which has no event to wait on
-    pytest.skip("this kernel does not stamp TCP arrivals (SO_TIMESTAMPNS)")
 
 
 def test_waiting_since_is_when_the_kernel_received_the_bytes_and_leaves_them_unread(connection):

@@ -1,14 +1,19 @@
-"""The front end's event loop: asyncio's selector loop that notes when each step's sockets were ready.
+"""The front end's event loop: asyncio's selector loop that notes when each request's bytes arrived.
 
 A request's time to answer, which depth control fits and holds to the SLO, began when its bytes
 were in the socket, not when the front end's callback got to them. In one loop step asyncio runs
 the callbacks of every socket that epoll reported, one after another; under a storm of clients
 that re-ask at once after each BUSY, a step reads thousands of requests, and the last of them
 waited the whole step before its parse began (bench/SERVED.md: the service's own p99 read 0.3-0.7 s
-under wrk's). Every socket reported by a select was ready when that select returned, so the
-time the select returned is a lower bound on each request's arrival, never an overstatement:
-`FrontEndLoop.ready_at`. What a request waited before that select (the rest of the step before)
-stays unseen.
+under wrk's). Bytes that came during a step wait, too, for that step to end before the next
+select reports them: with the service's p99 held at 0.9 s, its clients saw 5-12 % more
+(bench/DEPTH_CONTROL.md, the hog runs).
+
+So at each select, the loop peeks the kernel's arrival stamp (arrival_stamps.py) of every ready
+connection the HTTP protocol registered (`watch_arrivals`), before any of them is read; the
+protocol takes it (`arrival`) when the request's parse begins. A connection without a stamp (the
+kernel had not begun stamping, or cannot) counts from the time its select returned, every ready
+socket having been ready by then: a lower bound on the wait, never an overstatement.
 
 The loop also keeps the slow lane (slow_lane.py), where connections just answered BUSY wait to be
 read again, so that a storm of refusals does not make every step a sweep over all of them.
@@ -18,19 +23,39 @@ from __future__ import annotations
 
 import asyncio
 import selectors
+import socket
 import time
 
+from windve.frontend.arrival_stamps import peek_arrival, raw_socket
 from windve.frontend.slow_lane import SlowLane
 
 
 class _StampingSelector(selectors.DefaultSelector):
-    """The platform's selector (epoll on Linux), noting when each select returned."""
+    """The platform's selector (epoll on Linux), noting when each select returned and when the
+    bytes waiting in each watched ready socket arrived."""
 
-    ready_at = 0.0
+    def __init__(self) -> None:
+        super().__init__()
+        self.ready_at = 0.0
+        self.watched: dict[int, socket.socket] = {}
+        self.arrivals: dict[int, float] = {}  # this step's stamps, as time.perf_counter()
 
     def select(self, timeout: float | None = None) -> list:
         ready = super().select(timeout)
-        self.ready_at = time.perf_counter()
+        self.ready_at = now = time.perf_counter()
+        arrivals, watched = self.arrivals, self.watched
+        arrivals.clear()  # a stamp not taken in its step is of bytes read without a new request
+        if watched:
+            offset = None
+            for key, events in ready:
+                sock = watched.get(key.fd)
+                if sock is None or not events & selectors.EVENT_READ:
+                    continue
+                _, stamp = peek_arrival(sock)
+                if stamp is not None:
+                    if offset is None:
+                        offset = time.time() - now
+                    arrivals[key.fd] = min(now, stamp - offset)
         return ready
 
 
@@ -45,6 +70,29 @@ class FrontEndLoop(asyncio.SelectorEventLoop):
     def ready_at(self) -> float:
         """time.perf_counter() when the current step's select returned."""
         return self._stamps.ready_at
+
+    def watch_arrivals(self, transport: asyncio.BaseTransport) -> int | None:
+        """Peek the arrival stamp of `transport`'s bytes at each select that finds them; the key
+        for `arrival`, or None where its socket cannot be peeked."""
+        sock = raw_socket(transport)
+        if sock is None:
+            return None
+        fd = sock.fileno()
+        self._stamps.watched[fd] = sock
+        return fd
+
+    def unwatch_arrivals(self, fd: int | None) -> None:
+        """Before the connection's socket closes: its descriptor's number may be reused."""
+        if fd is not None:
+            self._stamps.watched.pop(fd, None)
+            self._stamps.arrivals.pop(fd, None)
+
+    def arrival(self, fd: int | None) -> float:
+        """time.perf_counter() when the bytes this step read from `fd` arrived, taken once: the
+        first request parsed from them began there, and any later one in the same bytes (HTTP
+        pipelining) counts from the step's select. Without a stamp, from the step's select."""
+        stamp = self._stamps.arrivals.pop(fd, None) if fd is not None else None
+        return self._stamps.ready_at if stamp is None else stamp
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:

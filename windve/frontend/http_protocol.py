@@ -35,11 +35,12 @@ import httptools
 from starlette.responses import Response
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from windve.frontend.arrival_stamps import stamp_arrivals
 from windve.frontend.errors import MALFORMED, TOO_LARGE, ApiError, json_response
 from windve.frontend.gate import OverloadGate
 from windve.frontend.pipeline import ARRIVED, BUSY_ANSWERED, LANE_WAIT
 from windve.frontend.routes import health_answer
-from windve.frontend.slow_lane import PATIENCE, peer_closed, stamp_arrivals, waiting_since
+from windve.frontend.slow_lane import PATIENCE, peer_closed, waiting_since
 
 HEALTH_PATHS = ("/health", "/")  # GET / is /health too, as TEI answers it
 SHUTDOWN_GRACE = 1.0  # seconds an idle connection stays open once shutdown begins
@@ -55,6 +56,7 @@ class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
     _parks = 0  # times parked: a lane entry releases only the park it was made for
     _patience: asyncio.TimerHandle | None = None
     _waited_since: float | None = None  # when the request read next arrived, if it waited parked
+    _watched: int | None = None  # this connection's key for the loop's arrival stamps (event_loop.py)
 
     def shutdown(self) -> None:
         """The server's graceful shutdown: uvicorn closes an idle keep-alive connection at once, and a
@@ -72,13 +74,22 @@ class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
     def connection_made(self, transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         stamp_arrivals(transport)
+        if (watch := getattr(self.loop, "watch_arrivals", None)) is not None:
+            self._watched = watch(transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if (unwatch := getattr(self.loop, "unwatch_arrivals", None)) is not None:
+            unwatch(self._watched)
+            self._watched = None
+        super().connection_lost(exc)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        # The step's ready time where the loop is the front end's (event_loop.py): this request may
-        # have waited behind the step's other sockets, which the parse time would leave out.
-        ready_at = getattr(self.loop, "ready_at", None)
-        arrived = time.perf_counter() if ready_at is None else ready_at
+        # When its bytes arrived, where the loop is the front end's (event_loop.py): this request
+        # may have waited for the select and behind the step's other sockets, which the parse
+        # time would leave out.
+        arrival = getattr(self.loop, "arrival", None)
+        arrived = time.perf_counter() if arrival is None else arrival(self._watched)
         if self._waited_since is not None:  # it waited in its socket while the connection was parked
             arrived = min(arrived, self._waited_since)
             self.scope[LANE_WAIT] = True  # type: ignore[literal-required]

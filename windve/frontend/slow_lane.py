@@ -33,19 +33,16 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import struct
-import sys
 import time
 from collections import deque
 from collections.abc import Callable
+
+from windve.frontend.arrival_stamps import peek_arrival, readable_socket
 
 PER_STEP = 64  # connections released per loop step at most: the most refusals a step reads ahead of other work
 PER_ANSWER = 4  # connections released per answer the front end gives (not a refusal)
 FLOOR_PER_SECOND = 64  # released whatever the answers, so that no parked connection waits for ever
 PATIENCE = 1.0  # seconds: the least Retry-After a 429 carries (http_protocol: a patient client's wake)
-# Linux's value (Python does not name it); elsewhere no stamps, and a waiting request counts from its release.
-_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35 if sys.platform.startswith("linux") else None)
-_PEEK = socket.MSG_PEEK | socket.MSG_DONTWAIT
 _TCP_CLOSE_WAIT = 8  # tcp_info's first byte, the connection's state (linux/tcp_states.h)
 
 
@@ -107,18 +104,6 @@ class SlowLane:
         self._schedule()
 
 
-def stamp_arrivals(transport: asyncio.BaseTransport) -> None:
-    """Have the kernel note when each of the connection's bytes arrived (SO_TIMESTAMPNS), for
-    `waiting_since`. Where it cannot (not Linux, not a socket), `waiting_since` finds no stamp."""
-    sock = transport.get_extra_info("socket")
-    if _TIMESTAMPNS is None:
-        return
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, _TIMESTAMPNS, 1)
-    except (AttributeError, OSError):
-        pass
-
-
 def peer_closed(transport: asyncio.BaseTransport) -> bool:
     """Whether the client has closed its side (TCP CLOSE_WAIT): a request still in the socket is
     read and answered, but nobody waits for it."""
@@ -132,29 +117,16 @@ def peer_closed(transport: asyncio.BaseTransport) -> bool:
 
 def waiting_since(transport: asyncio.BaseTransport, floor: float) -> float | None:
     """time.perf_counter() when the bytes now waiting unread in the connection's socket arrived,
-    as the kernel stamped them (None: nothing waits; now: no stamp). Read with MSG_PEEK, so the
-    bytes stay for the transport; never before `floor` (when the connection was parked: a
-    client's re-ask came after its 429), never after now."""
-    transport_socket = transport.get_extra_info("socket")
-    if transport_socket is None:
-        return None
-    # asyncio hands out a wrapper without recvmsg; a socket object over the same descriptor,
-    # detached after use, reads without taking it over.
-    sock = socket.socket(transport_socket.family, transport_socket.type, transport_socket.proto,
-                         transport_socket.fileno())
-    try:
-        data, ancillary, _, _ = sock.recvmsg(1, socket.CMSG_SPACE(16), _PEEK)
-    except OSError:  # nothing waits (EAGAIN), or the connection is gone
-        return None
-    finally:
-        sock.detach()
+    as the kernel stamped them (None: nothing waits; now: no stamp). Peeked, so the bytes stay
+    for the transport; never before `floor` (when the connection was parked: a client's re-ask
+    came after its 429), never after now."""
+    with readable_socket(transport) as sock:
+        if sock is None:
+            return None
+        waiting, stamp = peek_arrival(sock)
     now = time.perf_counter()
-    if not data:
+    if not waiting:
         return None
-    for level, kind, payload in ancillary:
-        if level == socket.SOL_SOCKET and kind == _TIMESTAMPNS and len(payload) >= 16:
-            seconds, nanoseconds = struct.unpack("qq", payload[:16])
-            return min(now, max(floor, now - (time.time() - seconds - nanoseconds * 1e-9)))
-    # No stamp: the kernel had not begun stamping (the first bytes after the first socket asked),
-    # or cannot. Counted from now, as a request read at once would be.
-    return now
+    if stamp is None:  # counted from now, as a request read at once would be
+        return now
+    return min(now, max(floor, now - (time.time() - stamp)))
