@@ -12,7 +12,8 @@ Sections (bench/SERVED.md says more):
   non-2xx;
 - overload: 2x and 10x the service's total depth (GET /info) in clients, wrk asking again at once
   after every answer, 429s included: goodput (200s/s) and its ratio to the served section's peak,
-  the 429s, and the worst latency of GET /health polled meanwhile from another thread;
+  the 429s, and the worst latency of GET /health polled meanwhile, on a keep-alive connection
+  ("health") and on a new connection each time, as a Kubernetes probe asks ("probe");
 - isolation: the accelerator pool's admissions per second (windve_pool_dispatched_queries_total,
   read from /metrics while the load runs) with the CPU pool idle (clients = the accelerator
   pool's depth), full (= the total depth) and saturated by overflow (far past it, 429s too),
@@ -38,6 +39,7 @@ import resource
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -443,12 +445,15 @@ def print_cost(row: dict) -> None:
 
 
 class HealthPoller(threading.Thread):
-    """GET /health in a loop (one keep-alive connection), recording each answer's latency."""
+    """GET /health in a loop, recording each answer's latency: on one keep-alive connection, or
+    (`fresh`) on a new connection each time, from connect to close, as a Kubernetes probe asks."""
 
-    def __init__(self, port: int, interval: float) -> None:
+    def __init__(self, port: int, interval: float, fresh: bool = False) -> None:
         super().__init__(daemon=True)
+        self.port = port
         self.url = f"http://127.0.0.1:{port}/health"
         self.interval = interval
+        self.fresh = fresh
         self.latencies: list[float] = []
         self.failures = 0  # non-200 answers and transport errors
         self._halt = threading.Event()
@@ -457,14 +462,29 @@ class HealthPoller(threading.Thread):
         with httpx.Client(timeout=30) as client:
             while not self._halt.is_set():
                 started = time.perf_counter()
-                try:
-                    status = client.get(self.url).status_code
-                except httpx.HTTPError:
-                    status = None
+                status = self._probe() if self.fresh else self._get(client)
                 self.latencies.append(time.perf_counter() - started)
                 if status != 200:
                     self.failures += 1
                 self._halt.wait(self.interval)
+
+    def _get(self, client: httpx.Client) -> int | None:
+        try:
+            return client.get(self.url).status_code
+        except httpx.HTTPError:
+            return None
+
+    def _probe(self) -> int | None:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=30) as sock:
+                sock.sendall(b"GET /health HTTP/1.1\r\nHost: probe\r\nConnection: close\r\n\r\n")
+                answer = b""
+                while chunk := sock.recv(4096):
+                    answer += chunk
+        except OSError:
+            return None
+        parts = answer.split(b" ", 2)
+        return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
 
     def finish(self) -> dict:
         self._halt.set()
@@ -528,7 +548,7 @@ def overload(port: int, bodies: Path, peak: float | None, args: argparse.Namespa
         f"GET /health polled every {args.health_interval * 1000:g} ms meanwhile",
         [("x depth", 7), ("clients", 7), ("answers/s", 9), ("200s/s", 8), ("goodput/peak", 12), ("p99 ms", 8),
          ("p99 200s<=", 10), ("429s", 8), ("other", 6), ("sock err", 8), ("health max ms", 13),
-         ("polls", 6), ("health!=200", 11)],
+         ("probe max ms", 12), ("polls", 6), ("health!=200", 11)],
     )
     rows = []
     for factor in [float(f) for f in args.overload_factors.split(",")]:
@@ -537,20 +557,22 @@ def overload(port: int, bodies: Path, peak: float | None, args: argparse.Namespa
             print(f"{factor:>6g}x skipped: {clients} connections need more than the open-file limit ({limit}) allows")
             continue
         wait_until_idle(port)
-        poller = HealthPoller(port, args.health_interval)  # through the settling run too
-        poller.start()
+        # Through the settling run too: one keep-alive poller and one that connects anew each time.
+        pollers = [HealthPoller(port, args.health_interval, fresh) for fresh in (False, True)]
+        for poller in pollers:
+            poller.start()
         try:
             settle_level(port, bodies, clients, args)
             row = run_wrk_watched(port, bodies, clients, args)
         finally:
-            health = poller.finish()
-        row |= {"factor": factor, "total_depth": total, "depths": depths, "health": health,
+            health, probe = (poller.finish() for poller in pollers)
+        row |= {"factor": factor, "total_depth": total, "depths": depths, "health": health, "probe": probe,
                 "goodput_over_peak": row["ok_rps"] / peak if peak else None}
         rows.append(row)
         table.row(f"{factor:g}x", row["clients"], row["rps"], row["ok_rps"],
                   f"{row['goodput_over_peak']:.2f}" if peak else "n/a", row["p99_ms"], ms(row["p99_ok_bound_ms"]),
-                  row["busy"], row["other"], row["socket_errors"], health["max_ms"], health["polls"],
-                  health["failures"])
+                  row["busy"], row["other"], row["socket_errors"], health["max_ms"], probe["max_ms"],
+                  health["polls"] + probe["polls"], health["failures"] + probe["failures"])
         print_control(row)
         print_sampled(row)
         print_cost(row)

@@ -24,7 +24,7 @@ from windve.settings import Settings
 from windve.tokenizer import InputTooLong
 
 INLINE_TOKENIZE_CHARS = 16_384  # below this many characters a request is tokenized on the loop
-ARRIVED = "windve.arrived"  # scope key: time.perf_counter() when the request began to be parsed
+ARRIVED = "windve.arrived"  # scope key: time.perf_counter() when the request's bytes arrived (event_loop.py)
 GATE_PASS = "windve.gate_pass"  # scope key: the overload gate's pass of a request it let through (gate.py)
 BUSY_ANSWERED = "windve.busy_answered"  # scope key: answered BUSY (the HTTP protocol parks the connection)
 LANE_WAIT = "windve.lane_wait"  # scope key: the request waited in its socket in the slow lane (slow_lane.py)
@@ -79,8 +79,9 @@ class EmbeddingPipeline:
         prompt_name: str | None = None,
     ) -> tuple[np.ndarray, int]:
         """Embeddings [len(texts), dim] and the number of tokens embedded, the prompt's included."""
-        # From when the HTTP protocol parsed the request (http_protocol.py stamps it): under load
-        # the handler starts a whole event-loop turn later, and the depth control must count that.
+        # From when the request's bytes reached the socket (http_protocol.py takes the kernel's
+        # stamp): under load the handler starts a whole event-loop turn or more later, and depth
+        # control must count that.
         arrived = request.scope.get(ARRIVED, time.perf_counter())
         self.check_inputs(texts, field)
         texts = self.prompted(texts, prompt_name)
