@@ -9,7 +9,10 @@ SLO) or too shallow (BUSY answers the pool could have served). Per pool this mod
   constraint alpha, beta >= 0 (weighted non-negative least squares; estimator.fit's has no weights,
   and two coefficients have a closed form); its SLO crossing is C* = (SLO - beta) / alpha * (1 - headroom);
 - the recent tail: p99 of the answers of requests admitted since the depth last moved, so that a
-  step judges the depth in force, not the one before it.
+  step judges the depth in force, not the one before it. Requests still unanswered an SLO after
+  their admission count in it too, at their age so far: they will miss the SLO whatever they end
+  at, and without them a tail judged soon after a move sees only the fast answers (the slow ones
+  are still running), and the depth rose again under a tail over the SLO.
 
 The target is the smaller of C* and the tail's own estimate (the level at which the tail, taken as
 proportional to C, would sit at SLO x (1 - headroom)). A step lowers the depth at once when the tail
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 # The calibration's (estimator.fit.DEFAULT_HEADROOM, which a test holds this to): not imported, as
@@ -223,11 +227,20 @@ class DepthController:
         self.current_fit = self.line.fit()
         self.current_p99 = p99([sample.seconds for sample in self.recent]) if self.recent else None
 
-    def step(self, depth: int, was_full: bool, now: float) -> Move | None:
-        """The depth to move to, or None to hold. `was_full`: the pool lacked room since the last move."""
+    def step(
+        self, depth: int, was_full: bool, now: float, overdue: Iterable[tuple[float, int]] = ()
+    ) -> Move | None:
+        """The depth to move to, or None to hold. `was_full`: the pool lacked room since the last move.
+        `overdue`: (admitted, concurrency) of the pool's requests admitted more than an SLO ago and
+        not answered yet."""
         self.refresh(now)
         settings = self.settings
         evidence = [sample for sample in self.recent if sample.admitted >= self.changed_at]
+        evidence += [
+            Sample(admitted, now, concurrency, now - admitted)
+            for admitted, concurrency in overdue
+            if admitted >= self.changed_at
+        ]
         if len(evidence) < settings.min_samples:
             return None
         comfortable = settings.slo * (1 - settings.headroom)

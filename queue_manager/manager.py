@@ -272,6 +272,7 @@ class QueueManager:
                 index += 1
             target.metrics.dispatched.inc(count)
             request.loads.append((target, target.in_flight))
+            target.pending.append((request, target.in_flight))
             if target.in_flight >= target.depth:
                 # Filled: what comes next is refused, maybe by a front end that never asks here.
                 target.was_full = True
@@ -707,10 +708,11 @@ class QueueManager:
         moves = []
         for pool in self.pools:
             control = pool.control
+            overdue = pool.overdue(now - control.settings.slo)
             if self.depth_control != "adaptive":
                 control.refresh(now)
                 continue
-            move = control.step(pool.depth, pool.was_full, now)
+            move = control.step(pool.depth, pool.was_full, now, overdue)
             if move is not None:
                 self._apply(pool, move)
                 moves.append((pool.name, move))

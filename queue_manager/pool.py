@@ -187,6 +187,23 @@ class Pool:
     # length (decayed sums, so that the ratio follows the traffic's length mix).
     padded_charge: float = 0.0
     own_charge: float = 0.0
+    # Interactive requests in admission order, with the pool's in-flight queries at their admission,
+    # until answered: depth control counts those unanswered after an SLO (`overdue`).
+    pending: deque[tuple[Request, int]] = field(default_factory=deque)
+
+    def overdue(self, admitted_before: float) -> list[tuple[float, int]]:
+        """(admitted, concurrency) of the requests admitted before `admitted_before` and not yet
+        answered; forgets the answered ones at the front."""
+        pending = self.pending
+        while pending and pending[0][0].future.done():
+            pending.popleft()
+        late = []
+        for request, concurrency in pending:
+            if request.created >= admitted_before:
+                break
+            if not request.future.done():
+                late.append((request.created, concurrency))
+        return late
 
     @property
     def padding(self) -> float:

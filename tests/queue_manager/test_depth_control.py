@@ -166,6 +166,22 @@ def test_a_step_waits_for_answers_admitted_at_the_depth_in_force():
     assert controller.step(20, was_full=True, now=clock.now) is None
 
 
+def test_requests_still_running_past_the_slo_count_in_the_tail_at_their_age():
+    # The 100 answers so far are comfortable, but requests admitted with them are still running an
+    # SLO later: they will miss the SLO, and a tail that leaves them out would raise the depth.
+    def stepped(overdue: list[tuple[float, int]]):
+        clock = Clock()
+        controller = DepthController(SETTINGS, seed=40, now=0.0)
+        feed(controller, clock, 40, 0.3, count=100)
+        clock.now += SETTINGS.slo  # 1.3 s after they were admitted
+        return controller.step(40, was_full=True, now=clock.now, overdue=overdue)
+
+    assert stepped([]).direction == "up"
+    assert stepped([(0.0, 40)]).direction == "up"  # 1 in 101: inside the p99
+    cut = stepped([(0.0, 40), (0.0, 40)])  # 2 in 102, each 1.3 s old so far
+    assert cut.direction == "down" and "p99 1.300 s > SLO" in cut.reason
+
+
 # ---- in the queue manager ---------------------------------------------------------------
 
 
@@ -202,6 +218,31 @@ def test_a_request_remembers_each_pools_load_and_each_pool_is_charged_its_own_ti
         assert [(s.concurrency, s.seconds) for s in acc_control.recent] == [(4, 0.75)]
         # The CPU part was answered 0.5 s before the request's last: its sample is 0.25 s.
         assert [(s.concurrency, s.seconds) for s in cpu_control.recent] == [(1, pytest.approx(0.25))]
+        await qm.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_pool_whose_answers_stop_is_cut_once_its_requests_are_an_slo_old():
+    async def scenario():
+        clock = Clock()
+        stuck = ControlledInstance("cpu0")
+        qm = QueueManager([("cpu", 30, [stuck])], max_batch_size=8, slo=1.0, now=clock, control_interval=None,
+                          depth_control="adaptive")
+        await qm.start()
+        pool = qm.pools[0]
+        requests = [qm.admit(queries([marker])) for marker in range(25)]  # no answer comes
+        await settle()
+        clock.now = 0.9
+        assert qm.step() == [] and pool.depth == 30  # not an SLO old yet: nothing to judge
+        clock.now = 2.0
+        assert pool.overdue(clock.now - 1.0) == [(0.0, load) for load in range(1, 26)]
+        assert [(name, move.direction) for name, move in qm.step()] == [("cpu", "down")]
+        assert "p99 2.000 s > SLO" in pool.control.reason
+        while not all(request.future.done() for request in requests):
+            stuck.complete()
+            await settle()
+        assert pool.overdue(clock.now) == [] and not pool.pending  # answered: forgotten
         await qm.close()
 
     asyncio.run(scenario())
