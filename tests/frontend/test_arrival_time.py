@@ -147,3 +147,58 @@ def test_a_pipelined_request_behind_the_first_counts_from_its_steps_select(serve
     # both would overstate the second's wait.
     assert sent - 0.005 <= app.arrived[b"one"][0] <= sent_by
     assert app.arrived[b"two"][0] >= released
+
+
+# ---- a new connection's first request -----------------------------------------------------------
+
+
+class CountingLoop(FrontEndLoop):
+    """The front end's loop, counting its steps (selects)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.steps = 0
+        select = self._stamps.select
+
+        def counted(timeout: float | None = None) -> list:
+            self.steps += 1
+            return select(timeout)
+
+        self._stamps.select = counted
+
+
+def counting_loop() -> CountingLoop:
+    return CountingLoop()
+
+
+class StepNotingProtocol(JsonErrorHttpToolsProtocol):
+    seen: list[tuple[int, int]] = []  # (the loop's step at connection_made, at the request's parse)
+
+    def connection_made(self, transport) -> None:  # type: ignore[override]
+        self._made_at = self.loop.steps
+        super().connection_made(transport)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        StepNotingProtocol.seen.append((self._made_at, self.loop.steps))
+
+
+def test_a_new_connections_first_request_already_in_its_socket_is_read_in_the_step_that_makes_it():
+    app = ArrivalApp()
+    StepNotingProtocol.seen = []
+    loop = f"{__name__}:counting_loop"
+    with uvicorn_in_thread(OverloadGate(app), http=StepNotingProtocol, loop=loop) as (_, port):
+        app.dispatcher.hold.set()
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as holder:
+            holder.sendall(post(b"hold"))
+            assert app.dispatcher.holding.wait(10)
+            # Connected and asked while the loop is held: the request is in the socket before
+            # the loop accepts the connection.
+            probe = socket.create_connection(("127.0.0.1", port), timeout=10)
+            with probe:
+                probe.sendall(b"GET /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+                app.dispatcher.release.set()
+                answered(holder)
+                assert probe.recv(4096).startswith(b"HTTP/1.1 200")
+    made, parsed = StepNotingProtocol.seen[-1]
+    assert parsed == made  # not at the next select

@@ -46,17 +46,19 @@ class _StampingSelector(selectors.DefaultSelector):
         arrivals, watched = self.arrivals, self.watched
         arrivals.clear()  # a stamp not taken in its step is of bytes read without a new request
         if watched:
-            offset = None
+            offset = time.time() - now
             for key, events in ready:
                 sock = watched.get(key.fd)
-                if sock is None or not events & selectors.EVENT_READ:
-                    continue
-                _, stamp = peek_arrival(sock)
-                if stamp is not None:
-                    if offset is None:
-                        offset = time.time() - now
-                    arrivals[key.fd] = min(now, stamp - offset)
+                if sock is not None and events & selectors.EVENT_READ:
+                    self.note_arrival(key.fd, sock, now, offset)
         return ready
+
+    def note_arrival(self, fd: int, sock: socket.socket, now: float, offset: float) -> None:
+        """Keep the kernel's stamp of the bytes waiting in `sock`, if any, for this step.
+        `offset`: time.time() - time.perf_counter(), taken once per step."""
+        _, stamp = peek_arrival(sock)
+        if stamp is not None:
+            self.arrivals[fd] = min(now, stamp - offset)
 
 
 class FrontEndLoop(asyncio.SelectorEventLoop):
@@ -79,6 +81,10 @@ class FrontEndLoop(asyncio.SelectorEventLoop):
             return None
         fd = sock.fileno()
         self._stamps.watched[fd] = sock
+        # A new connection's first request may be in its socket already, and read at once
+        # (http_protocol.py): its stamp now, as a select's would be.
+        now = time.perf_counter()
+        self._stamps.note_arrival(fd, sock, now, time.time() - now)
         return fd
 
     def unwatch_arrivals(self, fd: int | None) -> None:
