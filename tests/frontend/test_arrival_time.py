@@ -165,6 +165,11 @@ class CountingLoop(FrontEndLoop):
             return select(timeout)
 
         self._stamps.select = counted
+        self.accepted_at = -1
+
+    def _accept_connection(self, *args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        self.accepted_at = self.steps
+        return super()._accept_connection(*args, **kwargs)
 
 
 def counting_loop() -> CountingLoop:
@@ -172,18 +177,19 @@ def counting_loop() -> CountingLoop:
 
 
 class StepNotingProtocol(JsonErrorHttpToolsProtocol):
-    seen: list[tuple[int, int]] = []  # (the loop's step at connection_made, at the request's parse)
+    # The loop's step at the accept, at connection_made and at the request's parse.
+    seen: list[tuple[int, int, int]] = []
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
-        self._made_at = self.loop.steps
+        self._accepted_at, self._made_at = self.loop.accepted_at, self.loop.steps
         super().connection_made(transport)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        StepNotingProtocol.seen.append((self._made_at, self.loop.steps))
+        StepNotingProtocol.seen.append((self._accepted_at, self._made_at, self.loop.steps))
 
 
-def test_a_new_connections_first_request_already_in_its_socket_is_read_in_the_step_that_makes_it():
+def test_a_new_connections_first_request_already_in_its_socket_is_read_the_step_after_its_accept():
     app = ArrivalApp()
     StepNotingProtocol.seen = []
     loop = f"{__name__}:counting_loop"
@@ -200,5 +206,6 @@ def test_a_new_connections_first_request_already_in_its_socket_is_read_in_the_st
                 app.dispatcher.release.set()
                 answered(holder)
                 assert probe.recv(4096).startswith(b"HTTP/1.1 200")
-    made, parsed = StepNotingProtocol.seen[-1]
-    assert parsed == made  # not at the next select
+    accepted, made, parsed = StepNotingProtocol.seen[-1]
+    assert made == accepted + 1  # the transport made at the accept, not by a task a step later
+    assert parsed == made  # read at once, not at the next select

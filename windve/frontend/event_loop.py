@@ -68,6 +68,31 @@ class FrontEndLoop(asyncio.SelectorEventLoop):
         # Connections answered BUSY wait here, unread, while the loop serves the others.
         self.slow_lane = SlowLane(self)
 
+    def _accept_connection(self, protocol_factory, sock, sslcontext=None, server=None, backlog=100, *args):  # noqa: ANN001, ANN202 - asyncio's own signature
+        """asyncio's accept (its listening socket's reader), making each plain connection's
+        transport at once. asyncio makes it in a task, a loop step later, and under load each step
+        is a sweep of every ready socket: a client on a new connection (a readiness probe is one,
+        each time) waited a whole step more for its answer (bench/SERVED.md). TLS, or an asyncio
+        without the method this needs, goes asyncio's way."""
+        if sslcontext is not None or not hasattr(self, "_make_socket_transport"):
+            return super()._accept_connection(protocol_factory, sock, sslcontext, server, backlog, *args)
+        for _ in range(backlog):
+            try:
+                conn, address = sock.accept()
+            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                return None  # none waiting
+            except OSError:
+                # Out of descriptors or memory: asyncio's accept meets the same error, reports it
+                # and retries after a pause.
+                return super()._accept_connection(protocol_factory, sock, sslcontext, server, backlog, *args)
+            conn.setblocking(False)
+            try:
+                self._make_socket_transport(conn, protocol_factory(), extra={"peername": address}, server=server)
+            except Exception as exc:  # noqa: BLE001 - one connection's failure must not stop the accepts
+                conn.close()
+                self.call_exception_handler({"message": "could not serve an accepted connection", "exception": exc})
+        return None
+
     @property
     def ready_at(self) -> float:
         """time.perf_counter() when the current step's select returned."""

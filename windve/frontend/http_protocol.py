@@ -80,11 +80,10 @@ class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
 
     def _read_now(self) -> None:
         """Read a new connection's first request now if it is already in the socket, as it mostly
-        is. asyncio accepts a connection in one loop step, makes its transport in the next and
-        calls this in the one after, with the socket's reader registered for the select after
-        that: under load each step is a sweep of every ready socket, and a readiness probe, on a
-        new connection each time, waited one more for its answer (bench/SERVED.md). Nothing
-        there (EAGAIN): the reader reads it when it comes."""
+        is: this runs the loop step after the accept (event_loop.py), and the socket's reader is
+        registered for the select after that. Under load each step is a sweep of every ready
+        socket, and a readiness probe, on a new connection each time, waited one more for its
+        answer (bench/SERVED.md). Nothing there (EAGAIN): the reader reads it when it comes."""
         read = getattr(self.transport, "_read_ready", None)  # the transport's reader callback
         if read is not None and not self.transport.is_closing():
             read()
