@@ -272,7 +272,7 @@ class QueueManager:
                 index += 1
             target.metrics.dispatched.inc(count)
             request.loads.append((target, target.in_flight))
-            target.pending.append((request, target.in_flight))
+            target.track(request, target.in_flight)
             if target.in_flight >= target.depth:
                 # Filled: what comes next is refused, maybe by a front end that never asks here.
                 target.was_full = True

@@ -191,19 +191,29 @@ class Pool:
     # until answered: depth control counts those unanswered after an SLO (`overdue`).
     pending: deque[tuple[Request, int]] = field(default_factory=deque)
 
+    def track(self, request: Request, concurrency: int) -> None:
+        """Note an admitted interactive request for `overdue`. The answered ones at the front are
+        forgotten here too, so that the queue stays as long as what is in flight whether or not
+        a control step ever reads it (no SLO, or no control loop)."""
+        self._forget_answered()
+        self.pending.append((request, concurrency))
+
     def overdue(self, admitted_before: float) -> list[tuple[float, int]]:
         """(admitted, concurrency) of the requests admitted before `admitted_before` and not yet
         answered; forgets the answered ones at the front."""
-        pending = self.pending
-        while pending and pending[0][0].future.done():
-            pending.popleft()
+        self._forget_answered()
         late = []
-        for request, concurrency in pending:
+        for request, concurrency in self.pending:
             if request.created >= admitted_before:
                 break
             if not request.future.done():
                 late.append((request.created, concurrency))
         return late
+
+    def _forget_answered(self) -> None:
+        pending = self.pending
+        while pending and pending[0][0].future.done():
+            pending.popleft()
 
     @property
     def padding(self) -> float:

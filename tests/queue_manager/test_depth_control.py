@@ -24,7 +24,7 @@ from queue_manager.depth_control import (
 from queue_manager.manager import QueueManager
 from queue_manager.pool import TokenCharge
 from queue_manager.simulation import Scenario, run_scenario
-from tests.queue_manager.doubles import ControlledInstance, queries, settle
+from tests.queue_manager.doubles import ControlledInstance, InstantInstance, queries, settle
 
 
 class Clock:
@@ -243,6 +243,20 @@ def test_a_pool_whose_answers_stop_is_cut_once_its_requests_are_an_slo_old():
             stuck.complete()
             await settle()
         assert pool.overdue(clock.now) == [] and not pool.pending  # answered: forgotten
+        await qm.close()
+
+    asyncio.run(scenario())
+
+
+def test_answered_requests_are_forgotten_even_where_no_control_step_runs():
+    async def scenario():
+        instance = InstantInstance("cpu0")
+        qm = QueueManager([("cpu", 4, [instance])], max_batch_size=8)  # no SLO: no control loop
+        await qm.start()
+        pool = qm.pools[0]
+        for marker in range(50):
+            await qm.admit(queries([marker])).future
+        assert len(pool.pending) <= 1  # only the last, until the next admission looks
         await qm.close()
 
     asyncio.run(scenario())
