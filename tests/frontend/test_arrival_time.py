@@ -209,3 +209,40 @@ def test_a_new_connections_first_request_already_in_its_socket_is_read_the_step_
     accepted, made, parsed = StepNotingProtocol.seen[-1]
     assert made == accepted + 1  # the transport made at the accept, not by a task a step later
     assert parsed == made  # read at once, not at the next select
+
+
+# ---- probes first in their step ---------------------------------------------------------------
+
+
+class OrderNotingProtocol(JsonErrorHttpToolsProtocol):
+    parsed: list[bytes] = []  # each request's path, in the order their headers were read
+
+    def on_headers_complete(self) -> None:
+        OrderNotingProtocol.parsed.append(self.url)
+        super().on_headers_complete()
+
+
+def test_a_health_probe_goes_first_in_its_loop_step():
+    app = ArrivalApp()
+    OrderNotingProtocol.parsed = []
+    loop = "windve.frontend.event_loop:new_event_loop"
+    with contextlib.ExitStack() as stack:
+        _, port = stack.enter_context(uvicorn_in_thread(OverloadGate(app), http=OrderNotingProtocol, loop=loop))
+        connect = lambda: stack.enter_context(socket.create_connection(("127.0.0.1", port), timeout=10))  # noqa: E731
+        holder, poller, *clients = (connect() for _ in range(5))
+        for sock in (poller, *clients):  # accepted and watched before the loop is held
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n")
+            answered(sock)
+        OrderNotingProtocol.parsed.clear()
+        app.dispatcher.hold.set()
+        holder.sendall(post(b"hold"))
+        assert app.dispatcher.holding.wait(10)
+        # While the loop is held each client asks, then the poller: epoll reports them in that
+        # order, and each request costs its step STEP_WORK.
+        for sock in clients:
+            sock.sendall(post(b"x"))
+        poller.sendall(b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n")
+        app.dispatcher.release.set()
+        for sock in (holder, poller, *clients):
+            answered(sock)
+    assert OrderNotingProtocol.parsed == [b"/embed", b"/health"] + [b"/embed"] * len(clients)

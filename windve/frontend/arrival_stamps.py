@@ -64,18 +64,18 @@ def readable_socket(transport: asyncio.BaseTransport) -> Iterator[socket.socket 
         sock.detach()
 
 
-def peek_arrival(sock: socket.socket) -> tuple[bool, float | None]:
-    """(whether bytes wait unread, time.time() when the first of them arrived or None where the
-    kernel did not stamp them). Nothing is taken from the socket."""
+def peek_arrival(sock: socket.socket, size: int = 1) -> tuple[bytes, float | None]:
+    """(the first `size` bytes waiting unread, empty where none wait; time.time() when the first of
+    them arrived, or None where the kernel did not stamp them). Nothing is taken from the socket."""
     try:
-        data, ancillary, _, _ = sock.recvmsg(1, _ANCILLARY, _PEEK)
+        data, ancillary, _, _ = sock.recvmsg(size, _ANCILLARY, _PEEK)
     except OSError:  # nothing waits (EAGAIN), or the connection is gone
-        return False, None
+        return b"", None
     if not data:
-        return False, None
+        return b"", None
     for level, kind, payload in ancillary:
         if level == socket.SOL_SOCKET and kind == TIMESTAMPNS and len(payload) >= 16:
             seconds, nanoseconds = struct.unpack("qq", payload[:16])
-            return True, seconds + nanoseconds * 1e-9
+            return data, seconds + nanoseconds * 1e-9
     # The kernel had not begun stamping (bytes that came before the first socket asked), or cannot.
-    return True, None
+    return data, None

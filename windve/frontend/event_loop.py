@@ -15,6 +15,11 @@ protocol takes it (`arrival`) when the request's parse begins. A connection with
 kernel had not begun stamping, or cannot) counts from the time its select returned, every ready
 socket having been ready by then: a lower bound on the wait, never an overstatement.
 
+The same peek reads the request line's first bytes: a connection whose next request is a health
+probe goes first in the step, so that a probe waits for the step under way, not also for the sweep
+of every other ready socket (bench/SERVED.md). A probe on a new connection is read at the start of
+the step after its accept, ahead of that step's sockets, already (`_accept_connection`).
+
 The loop also keeps the slow lane (slow_lane.py), where connections just answered BUSY wait to be
 read again, so that a storm of refusals does not make every step a sweep over all of them.
 """
@@ -27,12 +32,18 @@ import socket
 import time
 
 from windve.frontend.arrival_stamps import peek_arrival, raw_socket
+from windve.frontend.routes import HEALTH_PATHS
 from windve.frontend.slow_lane import SlowLane
+
+# Request lines of /health, whose answer the HTTP protocol makes at once (http_protocol.py).
+PROBES = tuple(f"{method} {path}{end}".encode() for method in ("GET", "HEAD") for path in HEALTH_PATHS for end in " ?")
+PROBE_PEEK = max(map(len, PROBES))
 
 
 class _StampingSelector(selectors.DefaultSelector):
     """The platform's selector (epoll on Linux), noting when each select returned and when the
-    bytes waiting in each watched ready socket arrived."""
+    bytes waiting in each watched ready socket arrived, and handing the loop the connections whose
+    next request is a health probe ahead of the other ready sockets."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -47,18 +58,23 @@ class _StampingSelector(selectors.DefaultSelector):
         arrivals.clear()  # a stamp not taken in its step is of bytes read without a new request
         if watched:
             offset = time.time() - now
-            for key, events in ready:
-                sock = watched.get(key.fd)
-                if sock is not None and events & selectors.EVENT_READ:
-                    self.note_arrival(key.fd, sock, now, offset)
+            first = 0  # ready[:first] go first
+            for index, (key, events) in enumerate(ready):
+                sock = watched.get(key.fd) if events & selectors.EVENT_READ else None
+                if sock is not None and self.note_arrival(key.fd, sock, now, offset):
+                    # asyncio runs the ready sockets' callbacks in this order, and under load a
+                    # step is a sweep of hundreds: a probe last in it waited the whole sweep.
+                    ready[first], ready[index] = ready[index], ready[first]
+                    first += 1
         return ready
 
-    def note_arrival(self, fd: int, sock: socket.socket, now: float, offset: float) -> None:
-        """Keep the kernel's stamp of the bytes waiting in `sock`, if any, for this step.
-        `offset`: time.time() - time.perf_counter(), taken once per step."""
-        _, stamp = peek_arrival(sock)
+    def note_arrival(self, fd: int, sock: socket.socket, now: float, offset: float) -> bool:
+        """Keep the kernel's stamp of the bytes waiting in `sock`, if any, for this step; whether
+        they begin a health probe. `offset`: time.time() - time.perf_counter(), taken once per step."""
+        head, stamp = peek_arrival(sock, PROBE_PEEK)
         if stamp is not None:
             self.arrivals[fd] = min(now, stamp - offset)
+        return head.startswith(PROBES)
 
 
 class FrontEndLoop(asyncio.SelectorEventLoop):

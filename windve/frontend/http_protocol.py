@@ -39,10 +39,9 @@ from windve.frontend.arrival_stamps import stamp_arrivals
 from windve.frontend.errors import MALFORMED, TOO_LARGE, ApiError, json_response
 from windve.frontend.gate import OverloadGate
 from windve.frontend.pipeline import ARRIVED, BUSY_ANSWERED, LANE_WAIT
-from windve.frontend.routes import health_answer
+from windve.frontend.routes import HEALTH_PATHS, health_answer
 from windve.frontend.slow_lane import PATIENCE, peer_closed, waiting_since
 
-HEALTH_PATHS = ("/health", "/")  # GET / is /health too, as TEI answers it
 SHUTDOWN_GRACE = 1.0  # seconds an idle connection stays open once shutdown begins
 
 

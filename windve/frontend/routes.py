@@ -225,6 +225,9 @@ async def model_by_id(request: Request, model_id: str) -> Response:
     return await _answered(request, "models", handle, ApiError.openai_response)
 
 
+HEALTH_PATHS = ("/health", "/")  # GET / is /health too, as TEI answers it
+
+
 # HEAD too: load balancers and uptime checks probe with it.
 @router.api_route(
     "/health", methods=["GET", "HEAD"], summary="200 when every pool can serve, 503 while loading or broken"
