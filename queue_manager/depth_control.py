@@ -19,7 +19,8 @@ proportional to C, would sit at SLO x (1 - headroom)). A step lowers the depth a
 misses the SLO (to the target, at most halving per step); drifts it down toward the target, at most
 `up_step` per step, while the tail is inside the SLO but not its headroom; raises it toward the target,
 at most `up_step` per step, while the tail of the requests admitted at least an SLO ago is inside the
-headroom and the pool was full (elsewhere a deeper queue changes nothing and shows nothing). It stays
+headroom at 95 % confidence (an upper bound on their true p99, which needs 299 answers or more) and
+the pool was full (elsewhere a deeper queue changes nothing and shows nothing). It stays
 within [1, seed x cap], the seed being the calibrated or probed depth.
 """
 
@@ -35,6 +36,8 @@ from dataclasses import dataclass
 DEFAULT_HEADROOM = 0.15
 MIN_BIN_WEIGHT = 1e-3  # a concurrency level's decayed weight below this is forgotten
 RECENT_SAMPLES = 4096
+# A rise needs the tail's upper bound at this confidence inside the headroom (p99_upper_bound).
+RISE_CONFIDENCE = 0.95
 
 
 @dataclass(frozen=True)
@@ -171,6 +174,28 @@ def p99(values: list[float]) -> float:
     return ordered[max(0, math.ceil(0.99 * len(ordered)) - 1)]
 
 
+def p99_upper_bound(values: list[float], confidence: float = RISE_CONFIDENCE) -> float | None:
+    """An upper confidence bound on the true p99 of the distribution `values` were drawn from: the
+    k-th smallest value, k the least rank with P(k-th >= true p99) >= `confidence`. None where the
+    values are too few for any rank to hold it (fewer than 299 at 95 %).
+
+    Distribution-free: the count of values under the true p99 is Binomial(n, 0.99), and the k-th
+    value is under it exactly when k or more are. The tail's sum is walked down from k = n in log
+    space, so that 0.99^n never underflows."""
+    n, q = len(values), 0.99
+    log_ratio = math.log((1 - q) / q)
+    log_term = n * math.log(q)  # log P(Binomial(n, q) == j), from j = n down
+    below, rank = 0.0, n + 1  # below: P(Binomial(n, q) >= rank), the chance the rank-th is under the p99
+    for j in range(n, 0, -1):
+        term = math.exp(log_term)
+        if below + term > 1 - confidence:
+            break
+        below += term
+        rank = j
+        log_term += math.log(j / (n - j + 1)) + log_ratio
+    return None if rank > n else sorted(values)[rank - 1]
+
+
 class DepthController:
     """One pool's live fit, tail and depth decisions. The caller applies the moves it returns."""
 
@@ -183,7 +208,8 @@ class DepthController:
         self.recent: deque[Sample] = deque(maxlen=RECENT_SAMPLES)
         self.observed = 0  # answers recorded, ever
         self.reason = "seed"
-        self.changed_at = now
+        self.changed_at = now  # the last move
+        self.cut_at = now  # the last fall (or seed): what came after it vouches for a rise
         self._stepped_at = now
         # As of the last refresh, for readers off the event loop (a metrics scrape) and snapshots:
         # computing them there would race the loop's updates.
@@ -194,7 +220,7 @@ class DepthController:
         """A new calibrated or probed depth: the depth restarts from it (the samples stay)."""
         self.seed = max(1, int(seed))
         self.reason = f"seeded at {self.seed} ({origin})"
-        self.changed_at = now
+        self.changed_at = self.cut_at = now
 
     @property
     def ceiling(self) -> int:
@@ -235,12 +261,13 @@ class DepthController:
         not answered yet."""
         self.refresh(now)
         settings = self.settings
-        evidence = [sample for sample in self.recent if sample.admitted >= self.changed_at]
-        evidence += [
+        since_cut = [sample for sample in self.recent if sample.admitted >= self.cut_at]
+        since_cut += [
             Sample(admitted, now, concurrency, now - admitted)
             for admitted, concurrency in overdue
-            if admitted >= self.changed_at
+            if admitted >= self.cut_at
         ]
+        evidence = [sample for sample in since_cut if sample.admitted >= self.changed_at]
         if len(evidence) < settings.min_samples:
             return None
         comfortable = settings.slo * (1 - settings.headroom)
@@ -254,18 +281,11 @@ class DepthController:
             new = max(target, min(depth - 1, math.floor(depth * (1 - settings.up_step))))
             why = f"p99 {tail:.3f} s >= {comfortable:.3f} s; C* = {target}"
         elif tail < comfortable and was_full:
-            # Only requests admitted at least an SLO ago may vouch for a rise. Of those admitted
-            # since the move, the ones answered so far are the fast ones; the slow ones are
-            # still running. Judged that early, a cut that had not yet shown looked like room,
-            # and the depth rose again under a tail still over the SLO.
-            aged = [sample for sample in evidence if sample.admitted <= now - settings.slo]
-            if len(aged) < settings.min_samples:
-                return None
-            tail, target = self._judge(aged, comfortable)
-            if tail >= comfortable or target < min(depth + above, self.ceiling) or target <= depth:
+            target = self._rise_target(evidence, since_cut, now, comfortable)
+            if target is None or target < min(depth + above, self.ceiling) or target <= depth:
                 return None
             new = min(target, max(depth + 1, math.floor(depth * (1 + settings.up_step))))
-            why = f"p99 {tail:.3f} s < {comfortable:.3f} s; C* = {target}"
+            why = f"p99 < {comfortable:.3f} s at 95 % confidence; C* = {target}"
         else:
             return None
         new = max(1, min(self.ceiling, new))
@@ -273,18 +293,51 @@ class DepthController:
             return None
         self.reason = why
         self.changed_at = now
+        if new < depth:
+            self.cut_at = now
         return Move(new, "up" if new > depth else "down", why)
 
+    def _rise_target(
+        self, evidence: list[Sample], since_cut: list[Sample], now: float, comfortable: float
+    ) -> int | None:
+        """The depth a rise may aim at, or None while the answers cannot vouch for one.
+
+        Only requests admitted at least an SLO ago may vouch. Of those admitted since a move, the
+        ones answered so far are the fast ones; the slow ones are still running. Judged that
+        early, a cut that had not yet shown looked like room, and the depth rose again under a
+        tail still over the SLO. So at least `min_samples` of those admitted at the depth in
+        force, and an SLO ago, must have a p99 inside the headroom.
+
+        And the p99 of a hundred or two answers is their slowest or second slowest: aimed by it, a
+        rise went past where the true tail meets the headroom whenever the slowest few happened to
+        come fast (bench/DEPTH_CONTROL.md, the hog runs). The aim is taken from an upper bound at
+        95 % confidence on the true p99 (p99_upper_bound: 299 answers or more) of every request
+        admitted an SLO ago or more since the last fall, each as its seconds per query in flight
+        at its admission (t about proportional to C, as in _aim): the depths since the fall all
+        vouch, in proportion to how many answers they gave."""
+        settings = self.settings
+        aged_now = [sample.seconds for sample in evidence if sample.admitted <= now - settings.slo]
+        if len(aged_now) < settings.min_samples or p99(aged_now) >= comfortable:
+            return None
+        per_query = p99_upper_bound(
+            [sample.seconds / sample.concurrency for sample in since_cut if sample.admitted <= now - settings.slo]
+        )
+        return None if per_query is None else self._aim(1, per_query, comfortable)
+
     def _judge(self, samples: list[Sample], comfortable: float) -> tuple[float, int]:
-        """The samples' p99, and the depth to aim at: the smaller of C* and the tail's own answer.
+        """The samples' p99, and the depth to aim at for it (_aim)."""
+        tail = p99([sample.seconds for sample in samples])
+        return tail, self._aim(max(sample.concurrency for sample in samples), tail, comfortable)
+
+    def _aim(self, loaded: int, tail: float, comfortable: float) -> int:
+        """The depth to aim at, for a tail `tail` at `loaded` queries in flight: the smaller of C*
+        and the tail's own answer.
 
         The tail's own answer takes t about proportional to C: the level whose tail would sit at
         `comfortable`. It holds where the fit cannot: a saturated pool is admitted at one level
         only, and the fit then mixes that level's old and new speed into a flat line."""
-        tail = p99([sample.seconds for sample in samples])
-        loaded = max(sample.concurrency for sample in samples)
         by_tail = math.floor(loaded * comfortable / tail) if tail > 0 else self.ceiling
-        return tail, max(1, min(self.ceiling, self.crossing(), by_tail))
+        return max(1, min(self.ceiling, self.crossing(), by_tail))
 
     def snapshot(self, now: float) -> dict:
         fit = self.current_fit

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -20,6 +21,8 @@ from queue_manager.depth_control import (
     DecayedLine,
     DepthController,
     fit_nonnegative,
+    p99,
+    p99_upper_bound,
 )
 from queue_manager.manager import QueueManager
 from queue_manager.pool import TokenCharge
@@ -167,19 +170,57 @@ def test_a_step_waits_for_answers_admitted_at_the_depth_in_force():
 
 
 def test_requests_still_running_past_the_slo_count_in_the_tail_at_their_age():
-    # The 100 answers so far are comfortable, but requests admitted with them are still running an
+    # The answers so far are comfortable, but requests admitted with them are still running an
     # SLO later: they will miss the SLO, and a tail that leaves them out would raise the depth.
-    def stepped(overdue: list[tuple[float, int]]):
+    def stepped(answers: int, overdue: list[tuple[float, int]]):
         clock = Clock()
         controller = DepthController(SETTINGS, seed=40, now=0.0)
-        feed(controller, clock, 40, 0.3, count=100)
+        feed(controller, clock, 40, 0.3, count=answers)
         clock.now += SETTINGS.slo  # 1.3 s after they were admitted
         return controller.step(40, was_full=True, now=clock.now, overdue=overdue)
 
-    assert stepped([]).direction == "up"
-    assert stepped([(0.0, 40)]).direction == "up"  # 1 in 101: inside the p99
-    cut = stepped([(0.0, 40), (0.0, 40)])  # 2 in 102, each 1.3 s old so far
+    assert stepped(400, []).direction == "up"
+    # 1 in 401, each 1.3 s old so far: inside the p99, no cut; but 401 answers cannot rule out
+    # that the true p99 is as slow as it (p99_upper_bound), so no rise either.
+    assert stepped(400, [(0.0, 40)]) is None
+    cut = stepped(100, [(0.0, 40), (0.0, 40)])  # 2 in 102: the p99
     assert cut.direction == "down" and "p99 1.300 s > SLO" in cut.reason
+
+
+def test_a_rise_needs_the_tails_upper_bound_inside_the_headroom():
+    # 1 % of the answers at 0.9 s and the rest at 0.4 s: the p99 is at the edge of the headroom
+    # (0.85 s), but the p99 of a few hundred such answers is a fast one.
+    def stepped(fast: int, slow: int):
+        clock = Clock()
+        controller = DepthController(SETTINGS, seed=40, now=0.0)
+        for seconds, count in ((0.4, fast), (0.9, slow)):
+            for _ in range(count):
+                controller.observe(40, seconds, admitted=0.0, now=seconds)
+        clock.now = 0.9 + SETTINGS.slo
+        assert p99([0.4] * fast + [0.9] * slow) == 0.4  # what the p99 alone would rise on
+        return controller.step(40, was_full=True, now=clock.now)
+
+    assert stepped(fast=396, slow=4) is None
+    assert stepped(fast=990, slow=10) is None  # more answers, the same tail: still no
+    rise = stepped(fast=996, slow=4)  # 0.4 % slow, and answers enough to say so
+    assert rise.direction == "up" and rise.depth == 44 and "95 % confidence" in rise.reason
+
+
+@pytest.mark.parametrize("n", [50, 298, 299, 1000, 4096])
+def test_the_p99s_upper_bound_is_an_order_statistic_that_holds_the_true_p99_19_times_in_20(n):
+    values = list(range(1, n + 1))
+    if n < 299:  # 0.99^n > 5 %: even the slowest of them may be under the true p99
+        assert p99_upper_bound(values) is None
+        return
+    bound = p99_upper_bound(values)
+    assert p99(values) <= bound <= n
+    if n >= 1000:  # enough answers to bound it below their slowest
+        assert bound < n
+    # Over draws from a distribution whose p99 is known (the unit exponential's: ln 100), the
+    # bound is at or above it in 95 % of them (0.92: three standard errors of 400 draws).
+    rng = np.random.default_rng(n)
+    covered = [p99_upper_bound(list(rng.exponential(size=n))) >= math.log(100) for _ in range(400)]
+    assert np.mean(covered) >= 0.92
 
 
 # ---- in the queue manager ---------------------------------------------------------------
@@ -364,7 +405,7 @@ def test_answers_that_took_no_time_let_the_depth_rise_without_dividing_by_zero()
     # A virtual clock can report 0 s answers; the tail then points at the ceiling.
     clock = Clock()
     controller = DepthController(SETTINGS, seed=10, now=0.0)
-    feed(controller, clock, 10, 0.0)
+    feed(controller, clock, 10, 0.0, count=300)
     clock.now += SETTINGS.slo
     move = controller.step(10, was_full=True, now=clock.now)
     assert move is not None and move.direction == "up" and move.depth == 11
