@@ -281,7 +281,7 @@ class DepthController:
             new = max(target, min(depth - 1, math.floor(depth * (1 - settings.up_step))))
             why = f"p99 {tail:.3f} s >= {comfortable:.3f} s; C* = {target}"
         elif tail < comfortable and was_full:
-            target = self._rise_target(evidence, since_cut, now, comfortable)
+            target = self._rise_target(depth, evidence, since_cut, now)
             if target is None or target < min(depth + above, self.ceiling) or target <= depth:
                 return None
             new = min(target, max(depth + 1, math.floor(depth * (1 + settings.up_step))))
@@ -297,31 +297,34 @@ class DepthController:
             self.cut_at = now
         return Move(new, "up" if new > depth else "down", why)
 
-    def _rise_target(
-        self, evidence: list[Sample], since_cut: list[Sample], now: float, comfortable: float
-    ) -> int | None:
+    def _rise_target(self, depth: int, evidence: list[Sample], since_cut: list[Sample], now: float) -> int | None:
         """The depth a rise may aim at, or None while the answers cannot vouch for one.
 
         Only requests admitted at least an SLO ago may vouch. Of those admitted since a move, the
         ones answered so far are the fast ones; the slow ones are still running. Judged that
         early, a cut that had not yet shown looked like room, and the depth rose again under a
-        tail still over the SLO. So at least `min_samples` of those admitted at the depth in
-        force, and an SLO ago, must have a p99 inside the headroom.
+        tail still over the SLO. So those admitted at the depth in force an SLO ago or more
+        (`min_samples` at least) must have a p99 inside the headroom.
 
         And the p99 of a hundred or two answers is their slowest or second slowest: aimed by it, a
         rise went past where the true tail meets the headroom whenever the slowest few happened to
-        come fast (bench/DEPTH_CONTROL.md, the hog runs). The aim is taken from an upper bound at
-        95 % confidence on the true p99 (p99_upper_bound: 299 answers or more) of every request
+        come fast (bench/DEPTH_CONTROL.md, the hog runs). The aim comes from an upper bound at
+        95 % confidence on the true p99 (p99_upper_bound: 299 answers or more) of the requests
         admitted an SLO ago or more since the last fall, each as its seconds per query in flight
-        at its admission (t about proportional to C, as in _aim): the depths since the fall all
-        vouch, in proportion to how many answers they gave."""
+        at its admission (t about proportional to C, as in _aim), so that every depth since the
+        fall vouches. Only those admitted to a pool at least half as full as the depth now: a
+        request admitted to an emptier one took mostly the fixed part of its time (the line's
+        beta), and per query in flight it would overstate a full pool's tail many times over."""
         settings = self.settings
+        comfortable = settings.slo * (1 - settings.headroom)
         aged_now = [sample.seconds for sample in evidence if sample.admitted <= now - settings.slo]
         if len(aged_now) < settings.min_samples or p99(aged_now) >= comfortable:
             return None
-        per_query = p99_upper_bound(
-            [sample.seconds / sample.concurrency for sample in since_cut if sample.admitted <= now - settings.slo]
-        )
+        per_query = p99_upper_bound([
+            sample.seconds / sample.concurrency
+            for sample in since_cut
+            if sample.admitted <= now - settings.slo and 2 * sample.concurrency >= depth
+        ])
         return None if per_query is None else self._aim(1, per_query, comfortable)
 
     def _judge(self, samples: list[Sample], comfortable: float) -> tuple[float, int]:

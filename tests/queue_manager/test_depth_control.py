@@ -206,6 +206,20 @@ def test_a_rise_needs_the_tails_upper_bound_inside_the_headroom():
     assert rise.direction == "up" and rise.depth == 44 and "95 % confidence" in rise.reason
 
 
+def test_a_rise_is_vouched_for_by_every_depth_since_the_last_fall_but_not_by_an_emptier_pool():
+    clock = Clock()
+    controller = DepthController(SETTINGS, seed=40, now=0.0)
+    # 150 answers at depth 36 and 150 at 40 since the seed, 0.01 s per query in flight; and 20
+    # requests admitted to a near-empty pool, whose 0.3 s is mostly the fixed part of a batch.
+    for concurrency, count in ((36, 150), (40, 150), (2, 20)):
+        for _ in range(count):
+            controller.observe(concurrency, 0.01 * concurrency if concurrency > 2 else 0.3, admitted=0.0, now=0.4)
+    clock.now = 0.4 + SETTINGS.slo
+    rise = controller.step(40, was_full=True, now=clock.now)
+    # Per query in flight, 0.85 s / 0.01 s = 85 (the ceiling 80); a step of at most 10 %.
+    assert rise.direction == "up" and rise.depth == 44
+
+
 @pytest.mark.parametrize("n", [50, 298, 299, 1000, 4096])
 def test_the_p99s_upper_bound_is_an_order_statistic_that_holds_the_true_p99_19_times_in_20(n):
     values = list(range(1, n + 1))
