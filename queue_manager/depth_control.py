@@ -210,6 +210,7 @@ class DepthController:
         self.reason = "seed"
         self.changed_at = now  # the last move
         self.cut_at = now  # the last fall (or seed): what came after it vouches for a rise
+        self._rises: list[tuple[float, int]] = []  # since then: (when, the depth it rose from)
         self._stepped_at = now
         # As of the last refresh, for readers off the event loop (a metrics scrape) and snapshots:
         # computing them there would race the loop's updates.
@@ -221,6 +222,7 @@ class DepthController:
         self.seed = max(1, int(seed))
         self.reason = f"seeded at {self.seed} ({origin})"
         self.changed_at = self.cut_at = now
+        self._rises = []
 
     @property
     def ceiling(self) -> int:
@@ -294,7 +296,9 @@ class DepthController:
         self.reason = why
         self.changed_at = now
         if new < depth:
-            self.cut_at = now
+            self.cut_at, self._rises = now, []
+        else:
+            self._rises.append((now, depth))
         return Move(new, "up" if new > depth else "down", why)
 
     def _rise_target(self, depth: int, evidence: list[Sample], since_cut: list[Sample], now: float) -> int | None:
@@ -310,22 +314,29 @@ class DepthController:
         rise went past where the true tail meets the headroom whenever the slowest few happened to
         come fast (bench/DEPTH_CONTROL.md, the hog runs). The aim comes from an upper bound at
         95 % confidence on the true p99 (p99_upper_bound: 299 answers or more) of the requests
-        admitted an SLO ago or more since the last fall, each as its seconds per query in flight
-        at its admission (t about proportional to C, as in _aim), so that every depth since the
-        fall vouches. Only those admitted to a pool at least half as full as the depth now: a
-        request admitted to an emptier one took mostly the fixed part of its time (the line's
-        beta), and per query in flight it would overstate a full pool's tail many times over."""
+        admitted an SLO ago or more since the last fall, each as its seconds per unit of the depth
+        in force at its admission (a full pool's time grows about in proportion to its depth, as
+        in _aim), so that every depth since the fall vouches. Not per query in flight at the
+        admission: in a pool that answers a batch at a time that count swings by a batch or more,
+        and the time with it far less (bench/DEPTH_CONTROL.md)."""
         settings = self.settings
         comfortable = settings.slo * (1 - settings.headroom)
         aged_now = [sample.seconds for sample in evidence if sample.admitted <= now - settings.slo]
         if len(aged_now) < settings.min_samples or p99(aged_now) >= comfortable:
             return None
-        per_query = p99_upper_bound([
-            sample.seconds / sample.concurrency
+        per_depth = p99_upper_bound([
+            sample.seconds / self._depth_at(sample.admitted, depth)
             for sample in since_cut
-            if sample.admitted <= now - settings.slo and 2 * sample.concurrency >= depth
+            if sample.admitted <= now - settings.slo
         ])
-        return None if per_query is None else self._aim(1, per_query, comfortable)
+        return None if per_depth is None else self._aim(1, per_depth, comfortable)
+
+    def _depth_at(self, admitted: float, depth: int) -> int:
+        """The depth in force at `admitted`, since the last fall; `depth` is the one now."""
+        for at, before in self._rises:
+            if admitted < at:
+                return before
+        return depth
 
     def _judge(self, samples: list[Sample], comfortable: float) -> tuple[float, int]:
         """The samples' p99, and the depth to aim at for it (_aim)."""

@@ -206,18 +206,25 @@ def test_a_rise_needs_the_tails_upper_bound_inside_the_headroom():
     assert rise.direction == "up" and rise.depth == 44 and "95 % confidence" in rise.reason
 
 
-def test_a_rise_is_vouched_for_by_every_depth_since_the_last_fall_but_not_by_an_emptier_pool():
-    clock = Clock()
-    controller = DepthController(SETTINGS, seed=40, now=0.0)
-    # 150 answers at depth 36 and 150 at 40 since the seed, 0.01 s per query in flight; and 20
-    # requests admitted to a near-empty pool, whose 0.3 s is mostly the fixed part of a batch.
-    for concurrency, count in ((36, 150), (40, 150), (2, 20)):
-        for _ in range(count):
-            controller.observe(concurrency, 0.01 * concurrency if concurrency > 2 else 0.3, admitted=0.0, now=0.4)
-    clock.now = 0.4 + SETTINGS.slo
-    rise = controller.step(40, was_full=True, now=clock.now)
-    # Per query in flight, 0.85 s / 0.01 s = 85 (the ceiling 80); a step of at most 10 %.
-    assert rise.direction == "up" and rise.depth == 44
+def test_every_depth_since_the_last_fall_vouches_for_a_rise_in_proportion_to_it():
+    # A full pool answering 66 queries a second: 0.015 s per unit of depth, whose tail would meet
+    # the headroom at 0.85 / 0.015 = 56. Each request's in-flight count at admission swings by a
+    # batch (16) below the depth, its time does not.
+    def answered(controller: DepthController, depth: int, count: int, admitted: float) -> None:
+        seconds = 0.015 * depth
+        for i in range(count):
+            controller.observe(depth - 16 * (i % 2), seconds, admitted=admitted, now=admitted + seconds)
+
+    controller = DepthController(SETTINGS, seed=60, now=0.0)
+    answered(controller, 36, 300, admitted=0.0)
+    risen_at = 0.54 + SETTINGS.slo
+    first = controller.step(36, was_full=True, now=risen_at)
+    assert (first.direction, first.depth) == ("up", 39)
+    # 150 answers at the new depth: too few to bound a p99 alone; with the 300 before, each per
+    # unit of the depth it was admitted at, enough.
+    answered(controller, 39, 150, admitted=risen_at)
+    second = controller.step(39, was_full=True, now=risen_at + 0.585 + SETTINGS.slo)
+    assert (second.direction, second.depth) == ("up", 42)
 
 
 @pytest.mark.parametrize("n", [50, 298, 299, 1000, 4096])
