@@ -208,6 +208,7 @@ class DepthController:
         self.recent: deque[Sample] = deque(maxlen=RECENT_SAMPLES)
         self.observed = 0  # answers recorded, ever
         self.reason = "seed"
+        self.holding: str | None = None  # why the last step held the depth, for /info
         self.changed_at = now  # the last move
         self.cut_at = now  # the last fall (or seed): what came after it vouches for a rise
         self._rises: list[tuple[float, int]] = []  # since then: (when, the depth it rose from)
@@ -271,6 +272,7 @@ class DepthController:
         ]
         evidence = [sample for sample in since_cut if sample.admitted >= self.changed_at]
         if len(evidence) < settings.min_samples:
+            self.holding = f"{len(evidence)} answers at depth {depth} so far; {settings.min_samples} judge it"
             return None
         comfortable = settings.slo * (1 - settings.headroom)
         tail, target = self._judge(evidence, comfortable)
@@ -284,15 +286,24 @@ class DepthController:
             why = f"p99 {tail:.3f} s >= {comfortable:.3f} s; C* = {target}"
         elif tail < comfortable and was_full:
             target = self._rise_target(depth, evidence, since_cut, now)
-            if target is None or target < min(depth + above, self.ceiling) or target <= depth:
+            if target is None:
+                return None
+            if target < min(depth + above, self.ceiling) or target <= depth:
+                self.holding = f"a rise would aim at {target}, within {above} of the depth"
                 return None
             new = min(target, max(depth + 1, math.floor(depth * (1 + settings.up_step))))
             why = f"p99 < {comfortable:.3f} s at 95 % confidence; C* = {target}"
         else:
+            if tail < comfortable:
+                self.holding = f"p99 {tail:.3f} s and room to spare since the last move"
+            else:
+                self.holding = f"p99 {tail:.3f} s inside the SLO; C* = {target}, within {below} of the depth"
             return None
         new = max(1, min(self.ceiling, new))
         if new == depth:
+            self.holding = f"at the bound of its range [1, {self.ceiling}]"
             return None
+        self.holding = None
         self.reason = why
         self.changed_at = now
         if new < depth:
@@ -322,14 +333,22 @@ class DepthController:
         settings = self.settings
         comfortable = settings.slo * (1 - settings.headroom)
         aged_now = [sample.seconds for sample in evidence if sample.admitted <= now - settings.slo]
-        if len(aged_now) < settings.min_samples or p99(aged_now) >= comfortable:
+        if len(aged_now) < settings.min_samples:
+            self.holding = f"{len(aged_now)} answers admitted at depth {depth} an SLO ago; {settings.min_samples} vouch"
             return None
-        per_depth = p99_upper_bound([
+        if (tail := p99(aged_now)) >= comfortable:
+            self.holding = f"p99 {tail:.3f} s of the answers admitted at depth {depth} an SLO ago"
+            return None
+        vouching = [
             sample.seconds / self._depth_at(sample.admitted, depth)
             for sample in since_cut
             if sample.admitted <= now - settings.slo
-        ])
-        return None if per_depth is None else self._aim(1, per_depth, comfortable)
+        ]
+        per_depth = p99_upper_bound(vouching)
+        if per_depth is None:
+            self.holding = f"{len(vouching)} answers since the last fall; a 95 % bound on the p99 needs 299"
+            return None
+        return self._aim(1, per_depth, comfortable)
 
     def _depth_at(self, admitted: float, depth: int) -> int:
         """The depth in force at `admitted`, since the last fall; `depth` is the one now."""
@@ -367,6 +386,7 @@ class DepthController:
             "samples_in_window": len(self.recent),
             "observed": self.observed,
             "reason": self.reason,
+            "holding": self.holding,
             "changed_at": self.changed_at,
             "seconds_since_change": now - self.changed_at,
         }

@@ -227,6 +227,25 @@ def test_every_depth_since_the_last_fall_vouches_for_a_rise_in_proportion_to_it(
     assert (second.direction, second.depth) == ("up", 42)
 
 
+def test_the_snapshot_says_why_the_depth_holds():
+    clock = Clock()
+    controller = DepthController(SETTINGS, seed=40, now=0.0)
+    feed(controller, clock, 40, 0.3, count=5)
+    assert controller.step(40, was_full=True, now=clock.now) is None
+    assert controller.snapshot(clock.now)["holding"] == "5 answers at depth 40 so far; 10 judge it"
+    feed(controller, clock, 40, 0.3, count=100)
+    clock.now += SETTINGS.slo
+    assert controller.step(40, was_full=False, now=clock.now) is None
+    assert "room to spare" in controller.snapshot(clock.now)["holding"]
+    assert controller.step(40, was_full=True, now=clock.now) is None
+    holding = controller.snapshot(clock.now)["holding"]
+    assert holding == "105 answers since the last fall; a 95 % bound on the p99 needs 299"
+    feed(controller, clock, 40, 0.3, count=200)
+    clock.now += SETTINGS.slo
+    assert controller.step(40, was_full=True, now=clock.now).direction == "up"
+    assert controller.snapshot(clock.now)["holding"] is None
+
+
 @pytest.mark.parametrize("n", [50, 298, 299, 1000, 4096])
 def test_the_p99s_upper_bound_is_an_order_statistic_that_holds_the_true_p99_19_times_in_20(n):
     values = list(range(1, n + 1))
