@@ -174,11 +174,34 @@ class QueueManager:
         still refuse.
         """
         self._refuse_if_draining(wanted)
-        room = sum(pool.room() for pool in self._serving_pools()) - promised
+        pools = self._serving_pools()
+        room = sum(pool.room() for pool in pools) - promised
         if wanted <= room or (room > 0 and self._backlog.allows(wanted, self._backlog_bound())):
             return
+        self.lacked_room()
         metrics.BUSY.inc()
         raise Busy(retry_after=self.retry_after(wanted))
+
+    def live_tail(self) -> float | None:
+        """The slowest live p99 (seconds) of the eligible pools that can serve, None before any
+        answer: what an admitted request may expect at worst, for the front ends' lane budget."""
+        tails = [
+            pool.control.current_p99
+            for pool in self.eligible_pools()
+            if pool.serving() and pool.control is not None and pool.control.current_p99 is not None
+        ]
+        return max(tails) if tails else None
+
+    def lacked_room(self) -> None:
+        """A request was refused for want of room, counting the room promised to requests on
+        their way to admission: depth control's sign that the eligible pools were full. The
+        promised requests may never bring a pool to its depth (a batch answered meanwhile frees
+        room), and a pool whose refusals were all made here held its depth for seconds under
+        clients enough to fill it (bench/DEPTH_CONTROL.md). Remote front ends refuse from the
+        state board and say so with their next request (dispatcher/server.py)."""
+        for pool in self.eligible_pools():
+            if pool.serving():
+                pool.was_full = True
 
     def _refuse_if_draining(self, wanted: int) -> None:
         if self.draining:

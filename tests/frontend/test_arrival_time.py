@@ -33,6 +33,9 @@ class SlowDispatcher:
     def status(self) -> dict:
         return {"status": "ok"}
 
+    def live_tail(self) -> float | None:
+        return None
+
     def check_room(self, wanted: int, promised: int = 0) -> None:
         if self.hold.is_set():
             self.hold.clear()

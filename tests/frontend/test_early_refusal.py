@@ -29,6 +29,9 @@ class Dispatcher:
     def status(self) -> dict:
         return {"status": self.health}
 
+    def live_tail(self) -> float | None:
+        return None
+
     def check_room(self, wanted: int, promised: int = 0) -> None:
         if self.full is not None:
             raise self.full

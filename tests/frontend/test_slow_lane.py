@@ -126,8 +126,9 @@ def test_peer_closed_reads_the_tcp_state(connection):
 class RoomDispatcher:
     """Room for `room` queries; the gate's promised passes count against it, as admission's would."""
 
-    def __init__(self, room: int) -> None:
+    def __init__(self, room: int, tail: float | None = None) -> None:
         self.room = room
+        self.tail = tail
 
     def status(self) -> dict:
         return {"status": "ok"}
@@ -135,6 +136,9 @@ class RoomDispatcher:
     def check_room(self, wanted: int, promised: int = 0) -> None:
         if self.room - promised < wanted:
             raise Busy(retry_after=1.0)
+
+    def live_tail(self) -> float | None:
+        return self.tail
 
 
 def gated_app(room: int, slo: float = 1.0):
@@ -155,6 +159,14 @@ def test_the_gate_lets_through_no_more_than_the_room_until_they_reach_their_room
     release_pass(scopes[0])  # idempotent
     assert gate.passes == 1
     assert gate.refusal("/embed", headers, scopes[3]) is None
+
+
+@pytest.mark.parametrize(("tail", "budget"), [(None, 0.15), (0.6, 0.4), (0.9, 0.15), (1.4, 0.15)])
+def test_a_parked_request_may_wait_what_the_slo_leaves_beyond_the_live_tail(tail, budget):
+    # At least the SLO's headroom, which the depths leave for waits they do not see.
+    app = gated_app(room=2)
+    app.dispatcher.tail = tail
+    assert OverloadGate(app).lane_budget() == pytest.approx(budget)
 
 
 def test_a_pass_is_given_back_however_the_request_ends():

@@ -26,6 +26,7 @@ from queue_manager.depth_control import (
 )
 from queue_manager.manager import QueueManager
 from queue_manager.pool import TokenCharge
+from queue_manager.protocol import Busy
 from queue_manager.simulation import Scenario, run_scenario
 from tests.queue_manager.doubles import ControlledInstance, InstantInstance, queries, settle
 
@@ -273,6 +274,26 @@ async def two_pools(**kwargs) -> tuple[ControlledInstance, ControlledInstance, Q
     qm = QueueManager(pools, max_batch_size=8, slo=1.0, now=clock, control_interval=None, **kwargs)
     await qm.start()
     return acc, cpu, qm, clock
+
+
+def test_a_pool_refused_for_room_that_is_promised_counts_as_full():
+    # The front end's gate asks for room counting the requests it let through (promised), which
+    # may reach admission after a batch has freed room: the pool then never fills to its depth,
+    # and the refusal is the only sign that it lacked room.
+    async def scenario():
+        acc, cpu, qm, clock = await two_pools()
+        accelerator, cpu_pool = qm.pools
+        qm.admit(queries([1, 2, 3]))
+        qm.admit(queries([4, 5]))  # the accelerator full, one on the CPU pool
+        accelerator.was_full = cpu_pool.was_full = False  # as after a move
+        qm.check_room(1, promised=2)  # 3 free on the CPU pool
+        assert not cpu_pool.was_full
+        with pytest.raises(Busy):
+            qm.check_room(1, promised=3)
+        assert accelerator.was_full and cpu_pool.was_full
+        await qm.close()
+
+    asyncio.run(scenario())
 
 
 def test_a_request_remembers_each_pools_load_and_each_pool_is_charged_its_own_time():

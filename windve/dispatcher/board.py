@@ -19,8 +19,9 @@ from pathlib import Path
 from windve.shared_record import SharedRecord, TornRead
 
 # ready, draining, health (0 none, 1 degraded, 2 ok, 3 no healthy instance), warming, free room,
-# retry-after seconds, stamp (monotonic seconds of the last refresh)
-_LAYOUT = struct.Struct("<BBBBxxxxqdd")
+# retry-after seconds, the pools' live p99 (seconds, NaN before any answer), stamp (monotonic
+# seconds of the last refresh)
+_LAYOUT = struct.Struct("<BBBBxxxxqddd")
 REFRESH_SECONDS = 0.005
 STALE_SECONDS = 2.0  # a board this old means the dispatcher is gone or stuck
 
@@ -37,6 +38,7 @@ class BoardState:
     age: float  # seconds since the dispatcher last refreshed the board
     # Ready but warming up: embeds are admitted (the warm-up probe's among them), /health says starting.
     warming: bool = False
+    live_tail: float | None = None  # QueueManager.live_tail
 
     @property
     def alive(self) -> bool:
@@ -62,17 +64,27 @@ class StateBoard:
             self.write(ready=False, draining=False, health=STARTING, free_room=0, retry_after=1.0)
 
     def write(
-        self, *, ready: bool, draining: bool, health: int, free_room: int, retry_after: float, warming: bool = False
+        self,
+        *,
+        ready: bool,
+        draining: bool,
+        health: int,
+        free_room: int,
+        retry_after: float,
+        warming: bool = False,
+        live_tail: float | None = None,
     ) -> None:
-        self._record.write(ready, draining, health, warming, free_room, retry_after, time.monotonic())
+        tail = math.nan if live_tail is None else live_tail
+        self._record.write(ready, draining, health, warming, free_room, retry_after, tail, time.monotonic())
 
     def read(self) -> BoardState:
         try:
-            ready, draining, health, warming, free_room, retry_after, stamp = self._record.read()
+            ready, draining, health, warming, free_room, retry_after, tail, stamp = self._record.read()
         except TornRead:  # the dispatcher died in the middle of a write: it is gone
             return BoardState(False, False, UNAVAILABLE, 0, 1.0, math.inf)
         age = time.monotonic() - stamp
-        return BoardState(bool(ready), bool(draining), health, free_room, retry_after, age, bool(warming))
+        live_tail = None if math.isnan(tail) else tail
+        return BoardState(bool(ready), bool(draining), health, free_room, retry_after, age, bool(warming), live_tail)
 
     def close(self) -> None:
         self._map.close()

@@ -62,6 +62,11 @@ class LocalDispatcher:
     def check_room(self, wanted: int, promised: int = 0) -> None:
         self.runtime.queue_manager.check_room(wanted, promised)
 
+    def live_tail(self) -> float | None:
+        """The pools' slowest live p99 in seconds (QueueManager.live_tail), None before any answer."""
+        qm = self.runtime.queue_manager
+        return None if qm is None else qm.live_tail()
+
     def submit(self, sequences: Sequence[np.ndarray], waited: float = 0.0) -> LocalTicket:
         qm = self.runtime.queue_manager
         return LocalTicket(qm, qm.admit(sequences), waited)
@@ -129,6 +134,9 @@ class RemoteDispatcher:
         socket.connect(address)
         self._ids = itertools.count(1)
         self._waiting: dict[int, asyncio.Future] = {}
+        # A request was refused for want of room since the last submit: the dispatcher's depth
+        # control counts the pools as full (QueueManager.lacked_room), told with the next submit.
+        self._lacked_room = False
 
     def start(self) -> None:
         self._socket.start()
@@ -170,11 +178,18 @@ class RemoteDispatcher:
         if state.draining:
             raise ShuttingDown(retry_after=state.retry_after, message="the service is shutting down")
         if state.free_room - promised <= 0:
+            self._lacked_room = True
             raise Busy(retry_after=state.retry_after)
+
+    def live_tail(self) -> float | None:
+        """The pools' slowest live p99 in seconds, as the board has it; None before any answer."""
+        return self.board.read().live_tail
 
     def submit(self, sequences: Sequence[np.ndarray], waited: float = 0.0) -> RemoteTicket:
         lengths, ids = messages.sequence_frames(sequences)
         header = {"op": messages.EMBED, "waited": waited}
+        if self._lacked_room:
+            header["lacked_room"], self._lacked_room = True, False
         future = self._send(header, lengths, ids)
         return RemoteTicket(self, header["id"], future)
 

@@ -81,6 +81,7 @@ class DispatcherServer:
             free_room=sum(pool.room() for pool in serving),
             retry_after=qm.retry_after(1),
             warming=not runtime.ready,
+            live_tail=qm.live_tail(),
         )
 
     async def _publish(self) -> None:
@@ -130,6 +131,8 @@ class DispatcherServer:
             self._answer(client, request_id, messages.UNAVAILABLE, message="the model is still loading", retry=1.0)
             return
         qm = runtime.queue_manager
+        if header.get("lacked_room"):
+            qm.lacked_room()
         sequences = messages.sequences_from_frames(payload[0], payload[1])
         try:
             request = qm.admit(sequences)

@@ -64,8 +64,17 @@ class OverloadGate:
 
     def lane_budget(self) -> float:
         """How long a request may have waited in its socket in the slow lane and still be admitted:
-        the SLO's headroom, which the depths leave free for waits they do not see."""
-        return self.app.state.settings.slo_seconds * DEFAULT_HEADROOM
+        what the SLO leaves beyond the pools' live p99, and at least its headroom, which the depths
+        leave free for waits they do not see.
+
+        The headroom alone (0.15 s at 1 s) is about one loop step of a niced front end beside busy
+        engines, and about what the lane makes a parked client wait: a client refused once was
+        then refused at each re-ask, with room free and the tail at 0.6 s, and the pool, never
+        full, never rose (bench/DEPTH_CONTROL.md)."""
+        slo = self.app.state.settings.slo_seconds
+        runtime = self.app.state.runtime
+        tail = None if runtime is None else runtime.dispatcher.live_tail()
+        return max(slo * DEFAULT_HEADROOM, slo - tail) if tail is not None else slo * DEFAULT_HEADROOM
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST" and GATE_PASS not in scope:
