@@ -14,8 +14,9 @@ request read in the step after room freed went through, and all but the first fe
 refused only after their parsing, validation and tokenizing.
 
 A request that waited in its socket while its connection sat in the slow lane (slow_lane.py)
-for longer than the SLO's headroom is refused whatever the room: admitted, it would answer
-past the SLO, and the room is kept for requests that can still meet it.
+for longer than the SLO leaves beyond the pools' live p99 (`lane_budget`) is refused whatever
+the room: admitted, it would answer past the SLO, and the room is kept for requests that can
+still meet it.
 """
 
 from __future__ import annotations

@@ -22,7 +22,8 @@ A parked client's request is answered as soon as it is read, BUSY if there is st
 429 is never held back, but under a storm a client that re-asks at once waits about (parked
 connections) / (per_answer x answers a second) for it to be read. The kernel stamps when its
 bytes arrived (SO_TIMESTAMPNS, read with MSG_PEEK at release), so its time to answer counts that
-wait, and the gate refuses a request that waited longer than the SLO's headroom (gate.py).
+wait, and the gate refuses a request that waited longer than the SLO leaves beyond the pools'
+live p99 (gate.py `lane_budget`).
 
 A client that waits out the 429's Retry-After before it asks again is not kept waiting: a
 connection parked for PATIENCE whose client has not asked again (or has only just) is read again
