@@ -174,8 +174,7 @@ class QueueManager:
         still refuse.
         """
         self._refuse_if_draining(wanted)
-        pools = self._serving_pools()
-        room = sum(pool.room() for pool in pools) - promised
+        room = sum(pool.room() for pool in self._serving_pools()) - promised
         if wanted <= room or (room > 0 and self._backlog.allows(wanted, self._backlog_bound())):
             return
         self.lacked_room()
