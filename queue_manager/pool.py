@@ -94,6 +94,12 @@ class Request:
             self.future.set_exception(error)
 
 
+def _settled(request: Request) -> bool:
+    """Answered, failed, or abandoned by its caller: an abandoned request's queued queries were
+    dropped (QueueManager.cancel), so its answer may never come."""
+    return request.abandoned or request.future.done()
+
+
 class Query:
     """One input text of a request, admitted to a pool and queued on one of its instances."""
 
@@ -188,11 +194,11 @@ class Pool:
     padded_charge: float = 0.0
     own_charge: float = 0.0
     # Interactive requests in admission order, with the pool's in-flight queries at their admission,
-    # until answered: depth control counts those unanswered after an SLO (`overdue`).
+    # until answered or abandoned: depth control counts those unanswered after an SLO (`overdue`).
     pending: deque[tuple[Request, int]] = field(default_factory=deque)
 
     def track(self, request: Request, concurrency: int) -> None:
-        """Note an admitted interactive request for `overdue`. The answered ones at the front are
+        """Note an admitted interactive request for `overdue`. The settled ones at the front are
         forgotten here too, so that the queue stays as long as what is in flight whether or not
         a control step ever reads it (no SLO, or no control loop)."""
         self._forget_answered()
@@ -200,19 +206,19 @@ class Pool:
 
     def overdue(self, admitted_before: float) -> list[tuple[float, int]]:
         """(admitted, concurrency) of the requests admitted before `admitted_before` and not yet
-        answered; forgets the answered ones at the front."""
+        settled; forgets the settled ones at the front."""
         self._forget_answered()
         late = []
         for request, concurrency in self.pending:
             if request.created >= admitted_before:
                 break
-            if not request.future.done():
+            if not _settled(request):
                 late.append((request.created, concurrency))
         return late
 
     def _forget_answered(self) -> None:
         pending = self.pending
-        while pending and pending[0][0].future.done():
+        while pending and _settled(pending[0][0]):
             pending.popleft()
 
     @property

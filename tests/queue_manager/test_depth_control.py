@@ -350,6 +350,35 @@ def test_a_pool_whose_answers_stop_is_cut_once_its_requests_are_an_slo_old():
     asyncio.run(scenario())
 
 
+def test_a_request_whose_client_left_is_neither_overdue_nor_kept():
+    # A cancelled request's queued queries are dropped and its answer never comes: counted as
+    # overdue, it read as a request running ever longer (the wrk runs of a bench level ended with
+    # some queued, and the depth was halved on a tail no client saw); kept, it held every later
+    # request in `pending` with it.
+    async def scenario():
+        clock = Clock()
+        instance = ControlledInstance("cpu0")
+        qm = QueueManager([("cpu", 30, [instance])], max_batch_size=4, slo=1.0, now=clock, control_interval=None,
+                          depth_control="adaptive")
+        await qm.start()
+        pool = qm.pools[0]
+        requests = [qm.admit(queries([marker])) for marker in range(24)]
+        await settle()  # markers 0-3 run as a batch; the rest wait in the queue
+        for request in requests[4:]:
+            qm.cancel(request)  # their clients left (as wrk's do when its run ends)
+        clock.now = 1.5
+        later = [qm.admit(queries([marker])) for marker in range(100, 120)]
+        clock.now = 2.0
+        assert pool.overdue(clock.now - 1.0) == [(0.0, load) for load in range(1, 5)]
+        while not all(request.future.done() for request in requests[:4] + later):
+            instance.complete()
+            await settle()
+        assert pool.overdue(clock.now) == [] and not pool.pending  # none kept, none behind a cancelled one
+        await qm.close()
+
+    asyncio.run(scenario())
+
+
 def test_answered_requests_are_forgotten_even_where_no_control_step_runs():
     async def scenario():
         instance = InstantInstance("cpu0")
