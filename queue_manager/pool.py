@@ -201,13 +201,13 @@ class Pool:
         """Note an admitted interactive request for `overdue`. The settled ones at the front are
         forgotten here too, so that the queue stays as long as what is in flight whether or not
         a control step ever reads it (no SLO, or no control loop)."""
-        self._forget_answered()
+        self._forget_settled()
         self.pending.append((request, concurrency))
 
     def overdue(self, admitted_before: float) -> list[tuple[float, int]]:
         """(admitted, concurrency) of the requests admitted before `admitted_before` and not yet
         settled; forgets the settled ones at the front."""
-        self._forget_answered()
+        self._forget_settled()
         late = []
         for request, concurrency in self.pending:
             if request.created >= admitted_before:
@@ -216,7 +216,7 @@ class Pool:
                 late.append((request.created, concurrency))
         return late
 
-    def _forget_answered(self) -> None:
+    def _forget_settled(self) -> None:
         pending = self.pending
         while pending and _settled(pending[0][0]):
             pending.popleft()
