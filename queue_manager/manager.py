@@ -154,9 +154,13 @@ class QueueManager:
     def eligible_pools(self) -> list[Pool]:
         return self.pools if self.heterogeneous else self.pools[:1]
 
+    def serving_pools(self) -> list[Pool]:
+        """The eligible pools with an instance able to serve (none, possibly)."""
+        return [pool for pool in self.eligible_pools() if pool.serving()]
+
     def _serving_pools(self) -> list[Pool]:
         """The eligible pools with an instance able to serve; Unavailable when there is none."""
-        pools = [pool for pool in self.eligible_pools() if pool.serving()]
+        pools = self.serving_pools()
         if not pools:
             metrics.UNAVAILABLE.inc()
             raise Unavailable(retry_after=UNAVAILABLE_RETRY_AFTER)
@@ -186,8 +190,8 @@ class QueueManager:
         answer: what an admitted request may expect at worst, for the front ends' lane budget."""
         tails = [
             pool.control.current_p99
-            for pool in self.eligible_pools()
-            if pool.serving() and pool.control is not None and pool.control.current_p99 is not None
+            for pool in self.serving_pools()
+            if pool.control is not None and pool.control.current_p99 is not None
         ]
         return max(tails) if tails else None
 
@@ -198,9 +202,8 @@ class QueueManager:
         room), and a pool whose refusals were all made here held its depth for seconds under
         clients enough to fill it (bench/DEPTH_CONTROL.md). Remote front ends refuse from the
         state board and say so with their next request (dispatcher/server.py)."""
-        for pool in self.eligible_pools():
-            if pool.serving():
-                pool.was_full = True
+        for pool in self.serving_pools():
+            pool.was_full = True
 
     def _refuse_if_draining(self, wanted: int) -> None:
         if self.draining:

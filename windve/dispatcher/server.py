@@ -68,8 +68,7 @@ class DispatcherServer:
             self.board.write(ready=False, draining=False, health=STARTING, free_room=0, retry_after=1.0)
             return
         qm = runtime.queue_manager
-        pools = qm.eligible_pools()
-        serving = [pool for pool in pools if pool.least_loaded() is not None]
+        serving = qm.serving_pools()
         if not qm.healthy():
             health = UNAVAILABLE if not serving else DEGRADED
         else:

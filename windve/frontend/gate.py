@@ -75,7 +75,8 @@ class OverloadGate:
         slo = self.app.state.settings.slo_seconds
         runtime = self.app.state.runtime
         tail = None if runtime is None else runtime.dispatcher.live_tail()
-        return max(slo * DEFAULT_HEADROOM, slo - tail) if tail is not None else slo * DEFAULT_HEADROOM
+        headroom = slo * DEFAULT_HEADROOM
+        return headroom if tail is None else max(headroom, slo - tail)
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST" and GATE_PASS not in scope:
