@@ -297,12 +297,51 @@ def test_health_info_metrics(client):
         "windve_tokenization_seconds_bucket",
         "windve_request_input_tokens_bucket",
         "windve_request_seconds_bucket",
+        "windve_front_end_seconds_bucket",
         "windve_queue_seconds_bucket",
         "windve_inference_seconds_bucket",
         "windve_batch_size_bucket",
         "windve_pool_depth",
     ):
         assert name in metrics, name
+
+
+def histogram_sums(client, name: str) -> tuple[float, float]:
+    """(sum, count) of the histogram `name` over all its label values."""
+    total = count = 0.0
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith(name + "_sum"):
+            total += float(line.rsplit(" ", 1)[1])
+        elif line.startswith(name + "_count"):
+            count += float(line.rsplit(" ", 1)[1])
+    return total, count
+
+
+LAG = 0.4  # seconds between a request's first bytes and the end of its headers
+
+
+def test_request_and_front_end_times_count_from_the_first_bytes(server, client):
+    """windve_request_seconds and windve_front_end_seconds time a request from when its first bytes
+    arrived, as its client and depth control count it, not from when its handler began. A client
+    that sends its head in two parts, LAG apart, stands here for a request that waited behind a busy
+    event loop: its handler starts only once the head is complete."""
+    e2e_before = histogram_sums(client, "windve_request_seconds")
+    front_before = histogram_sums(client, "windve_front_end_seconds")
+    body = b'{"inputs": "timed from its first bytes"}'
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(b"POST /embed HTTP/1.1\r\nHost: t\r\n")
+        time.sleep(LAG)  # the slow client itself, not a wait for the server
+        head = b"Content-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % len(body)
+        sock.sendall(head + body)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+    e2e_after = histogram_sums(client, "windve_request_seconds")
+    front_after = histogram_sums(client, "windve_front_end_seconds")
+    e2e_seconds, front_seconds = e2e_after[0] - e2e_before[0], front_after[0] - front_before[0]
+    assert e2e_after[1] - e2e_before[1] == 1 and front_after[1] - front_before[1] == 1
+    assert LAG <= front_seconds <= e2e_seconds, (front_seconds, e2e_seconds)
 
 
 def test_openapi_document(client):

@@ -15,6 +15,7 @@ DASHBOARD_METRICS: frozenset[str] = frozenset({
     "windve_requests_total",
     "windve_errors_total",
     "windve_request_seconds_bucket",
+    "windve_front_end_seconds_bucket",
     "windve_busy_requests_total",
     "windve_inputs_total",
     "windve_input_tokens_total",

@@ -16,7 +16,16 @@ ERRORS = Counter("windve_errors", "Embedding requests answered with an error", [
 TOKENS = Counter("windve_input_tokens", "Tokens of the inputs embedded (after truncation)")
 INPUTS = Counter("windve_inputs", "Texts embedded")
 E2E_TIME = Histogram(
-    "windve_request_seconds", "End-to-end time of an embedding request", ["route"], buckets=LATENCY_BUCKETS
+    "windve_request_seconds", "End-to-end time of an embedding request, from its arrival", ["route"],
+    buckets=LATENCY_BUCKETS,
+)
+# The front end's share of a request's time, apart from the dispatcher's and the engines': a tail that
+# lives here (a busy front end, the slow lane) is not the pools' doing.
+FRONT_END_TIME = Histogram(
+    "windve_front_end_seconds",
+    "Time from an embedding request's arrival to its hand-over to the dispatcher (reading, validating, "
+    "tokenizing, waiting for the front end's event loop)",
+    buckets=LATENCY_BUCKETS,
 )
 TOKENIZATION_TIME = Histogram(
     "windve_tokenization_seconds", "Time to tokenize the inputs of one embedding request", buckets=TOKENIZATION_BUCKETS

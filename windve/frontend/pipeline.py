@@ -100,7 +100,9 @@ class EmbeddingPipeline:
         tokens = sum(len(seq) for seq in sequences)
         metrics.REQUEST_TOKENS.observe(tokens)
         if missing:
-            fresh = await self._submit([sequences[i] for i in missing], request, time.perf_counter() - arrived)
+            waited = time.perf_counter() - arrived
+            metrics.FRONT_END_TIME.observe(waited)
+            fresh = await self._submit([sequences[i] for i in missing], request, waited)
             if normalize:
                 fresh = normalized(fresh)
             if vectors is None:
