@@ -9,8 +9,9 @@ Sections (bench/SERVED.md says more):
   the CPU: queries/s at batch 32, 128 and 512 of 75-token queries, no HTTP, no queue;
 - served: `windve serve` (embedding cache off) under `wrk -t2 -cC --latency` for each C, one
   75-token text per request drawn in turn from 256 distinct texts: answers/s, 200s/s, p50/p99,
-  non-2xx; under each WindVE row, every process role's CPU per 200 (bench/cpu_cost.py) and
-  where the mean request's time went, from the service's /metrics (bench/time_split.py);
+  non-2xx; under each WindVE row, every process role's CPU per 200 (bench/cpu_cost.py), and from
+  the service's /metrics where the mean request's time went and how many 200s, of all of them,
+  were over the SLO (bench/time_split.py);
 - overload: 2x and 10x the service's total depth (GET /info) in clients, wrk asking again at once
   after every answer, 429s included: goodput (200s/s) and its ratio to the served section's peak,
   the 429s, and the worst latency of GET /health polled meanwhile, on a keep-alive connection
@@ -330,7 +331,7 @@ def run_wrk_watched(port: int, bodies: Path, clients: int, args: argparse.Namesp
     line printed under the row says whether the depth moved and why."""
     serve_pid = getattr(args, "serve_pid", None)
     before = cpu_cost.snapshot(serve_pid) if serve_pid else None
-    timed_before = time_split.snapshot(port)
+    timed_before = time_split.snapshot(port, args.slo)
     process, clients = start_wrk(port, bodies, "/embed", clients, args.seconds, args)
     sampler = Sampler(port, bodies, args.samplers) if args.samplers else None
     if sampler:
@@ -345,7 +346,7 @@ def run_wrk_watched(port: int, bodies: Path, clients: int, args: argparse.Namesp
     row = finish_wrk(process, clients)
     after = cpu_cost.snapshot(serve_pid) if serve_pid else None
     row["sampled"] = sampler.finish() if sampler else None
-    row["time_split"] = time_split.means(timed_before, time_split.snapshot(port))
+    row["time_split"] = time_split.split(timed_before, time_split.snapshot(port, args.slo))
     if before is not None and after is not None:
         answered = row["ok"] + (row["sampled"]["ok"] if row["sampled"] else 0)
         row["cpu_cost"] = cpu_cost.cost_per_request(before, after, answered)
@@ -446,7 +447,7 @@ def print_cost(row: dict) -> None:
     if row.get("cpu_cost"):
         print(f"    {cpu_cost.describe(row['cpu_cost'])}", flush=True)
     if row.get("time_split"):
-        print(f"    mean time, from /metrics: {time_split.describe(row['time_split'])}", flush=True)
+        print(f"    from /metrics, means: {time_split.describe(row['time_split'])}", flush=True)
 
 
 class HealthPoller(threading.Thread):
@@ -753,7 +754,8 @@ def main() -> None:
     parser.add_argument("--wrk-timeout", type=int, default=30, help="seconds before wrk counts a request timed out")
     parser.add_argument("--peers", default="", help="also measure peers at --clients: naive, infinity")
     parser.add_argument("--infinity-bin", default=None, help="infinity_emb executable, for --peers infinity")
-    parser.add_argument("--slo", type=float, default=1.0, help="seconds, for the served section's summary")
+    parser.add_argument("--slo", type=float, default=1.0,
+                        help="the service's SLO in seconds: for the summary, and the 200s over it")
     parser.add_argument("--json-out", default=None)
     args = parser.parse_args()
 

@@ -96,7 +96,8 @@ async def _answered(
         return Response(status_code=CLIENT_CLOSED)
     finally:
         metrics.REQUESTS.labels(route, str(status)).inc()
-        metrics.E2E_TIME.labels(route).observe(time.perf_counter() - started)
+        if status == 200:  # refusals and errors are counted above; as latencies they would hide the answers'
+            metrics.E2E_TIME.labels(route).observe(time.perf_counter() - started)
 
 
 _EMBED_ROUTE = {
