@@ -1,9 +1,10 @@
 """Every windve metric the chart's monitoring queries, by name as it appears in /metrics.
 
 The dashboard (helm/windve/dashboards/windve.json), the prometheus-adapter rule
-(helm/windve/autoscaling/prometheus-adapter-values.yaml) and the KEDA query
-(templates/keda.yaml) read these. test_dashboard.py and test_autoscaling.py keep the lists
-equal to what those files query; a server test can check that each one is exported.
+(helm/windve/autoscaling/prometheus-adapter-values.yaml), the KEDA query (templates/keda.yaml)
+and the alerts (templates/prometheusrule.yaml) read these. test_dashboard.py, test_autoscaling.py
+and test_alerts.py keep the lists equal to what those files query; a server test can check that
+each one is exported.
 """
 
 from __future__ import annotations
@@ -51,7 +52,15 @@ AUTOSCALING_METRICS: frozenset[str] = frozenset({
     "windve_pool_depth",
 })  # fmt: skip
 
-QUERIED_METRICS: frozenset[str] = DASHBOARD_METRICS | AUTOSCALING_METRICS
+# The PrometheusRule's alerts (templates/prometheusrule.yaml).
+ALERT_METRICS: frozenset[str] = frozenset({
+    "windve_request_seconds_count",
+    "windve_request_seconds_bucket",
+    "windve_errors_total",
+    "windve_requests_total",
+})  # fmt: skip
+
+QUERIED_METRICS: frozenset[str] = DASHBOARD_METRICS | AUTOSCALING_METRICS | ALERT_METRICS
 
 _METRIC = re.compile(r"\bwindve_[a-z0-9_]+\b")
 

@@ -14,6 +14,7 @@ from helm_render import SCENARIOS, Release
 CUSTOM_KINDS = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"),
     ("keda.sh/v1alpha1", "ScaledObject"),
+    ("monitoring.coreos.com/v1", "PrometheusRule"),
     ("gateway.networking.k8s.io/v1", "HTTPRoute"),
 }
 OLDEST_SUPPORTED = "1.25.0"  # Chart.yaml kubeVersion
