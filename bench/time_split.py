@@ -6,9 +6,9 @@ Histogram sums, counts and one bucket only, so each figure is exact over the run
   tokenizing, and waiting for the front end's event loop or in the slow lane);
 - queue: a query's wait in its pool before its batch started;
 - batch: a batch's time from when its instance could start it to its answer, and the queries in it;
-- request: a 200's whole time, from its arrival (the kernel's stamp) to its answer; what is left
-  of it beyond front end + queue + batch is the hop to the dispatcher and back and writing the
-  answer;
+- request: a 200's whole time, from its arrival (the kernel's stamp) to its answer, encoded and
+  ready to write; what is left of it beyond front end + queue + batch is the hop to the
+  dispatcher and back, normalizing and encoding;
 - over the SLO: the 200s slower than the SLO, read at the bucket bound that is the SLO (1 s is
   one) or the next above it. Every 200 counts, not a sample of them: the accepted p99 is within
   the SLO exactly when at most 1 % are over it.
