@@ -306,15 +306,15 @@ def test_health_info_metrics(client):
         assert name in metrics, name
 
 
-def histogram_sums(client, name: str) -> tuple[float, float]:
-    """(sum, count) of the histogram `name` over all its label values."""
-    total = count = 0.0
-    for line in client.get("/metrics").text.splitlines():
-        if line.startswith(name + "_sum"):
-            total += float(line.rsplit(" ", 1)[1])
-        elif line.startswith(name + "_count"):
-            count += float(line.rsplit(" ", 1)[1])
-    return total, count
+def summed(metrics_text: str, prefix: str) -> float:
+    """The values of every /metrics sample whose line starts with `prefix`, added up."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics_text.splitlines() if line.startswith(prefix))
+
+
+def histogram_sums(client, *names: str) -> list[tuple[float, float]]:
+    """(sum, count) of each histogram in `names` over all its label values, from one read of /metrics."""
+    text = client.get("/metrics").text
+    return [(summed(text, name + "_sum"), summed(text, name + "_count")) for name in names]
 
 
 LAG = 0.4  # seconds between a request's first bytes and the end of its headers
@@ -325,8 +325,8 @@ def test_request_and_front_end_times_count_from_the_first_bytes(server, client):
     arrived, as its client and depth control count it, not from when its handler began. A client
     that sends its head in two parts, LAG apart, stands here for a request that waited behind a busy
     event loop: its handler starts only once the head is complete."""
-    e2e_before = histogram_sums(client, "windve_request_seconds")
-    front_before = histogram_sums(client, "windve_front_end_seconds")
+    timed = ("windve_request_seconds", "windve_front_end_seconds")
+    e2e_before, front_before = histogram_sums(client, *timed)
     body = b'{"inputs": "timed from its first bytes"}'
     with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
         sock.sendall(b"POST /embed HTTP/1.1\r\nHost: t\r\n")
@@ -337,8 +337,7 @@ def test_request_and_front_end_times_count_from_the_first_bytes(server, client):
         while chunk := sock.recv(65536):
             answer += chunk
     assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
-    e2e_after = histogram_sums(client, "windve_request_seconds")
-    front_after = histogram_sums(client, "windve_front_end_seconds")
+    e2e_after, front_after = histogram_sums(client, *timed)
     e2e_seconds, front_seconds = e2e_after[0] - e2e_before[0], front_after[0] - front_before[0]
     assert e2e_after[1] - e2e_before[1] == 1 and front_after[1] - front_before[1] == 1
     assert LAG <= front_seconds <= e2e_seconds, (front_seconds, e2e_seconds)
@@ -355,11 +354,7 @@ def test_openapi_document(client):
 
 
 def answered_embed_requests(client) -> float:
-    total = 0.0
-    for line in client.get("/metrics").text.splitlines():
-        if line.startswith('windve_requests_total{route="embed"'):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+    return summed(client.get("/metrics").text, 'windve_requests_total{route="embed"')
 
 
 def test_client_disconnect_frees_slots(server, client):

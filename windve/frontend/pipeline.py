@@ -82,7 +82,7 @@ class EmbeddingPipeline:
         # From when the request's bytes reached the socket (http_protocol.py takes the kernel's
         # stamp): under load the handler starts a whole event-loop turn or more later, and depth
         # control must count that.
-        arrived = request.scope.get(ARRIVED, time.perf_counter())
+        arrived = arrival(request.scope)
         self.check_inputs(texts, field)
         texts = self.prompted(texts, prompt_name)
         truncate = self.settings.truncate if truncate is None else truncate
@@ -215,6 +215,13 @@ def cache_use(cache_control: str) -> CacheUse:
     or vectors (texts that must not sit in a shared Redis; the warm-up probe's random ones)."""
     directives = {part.split("=", 1)[0].strip().lower() for part in cache_control.split(",")}
     return CacheUse(read="no-cache" not in directives, write="no-store" not in directives)
+
+
+def arrival(scope) -> float:
+    """time.perf_counter() when the request's bytes arrived, as the HTTP protocol stamped it (now
+    where nothing stamped it)."""
+    stamp = scope.get(ARRIVED)
+    return time.perf_counter() if stamp is None else stamp
 
 
 def release_pass(scope) -> None:

@@ -27,7 +27,7 @@ from windve.frontend.body import read_json
 from windve.frontend.dimensions import allowed_dimensions, cut, requested_dimensions
 from windve.frontend.errors import MODEL_NOT_FOUND, ApiError, json_response
 from windve.frontend.exposition import combined_metrics
-from windve.frontend.pipeline import ARRIVED, BUSY_ANSWERED, ClientGone, EmbeddingPipeline
+from windve.frontend.pipeline import BUSY_ANSWERED, ClientGone, EmbeddingPipeline, arrival
 from windve.frontend.schemas import (
     EmbedRequest,
     OpenAIEmbeddingRequest,
@@ -80,7 +80,7 @@ async def _answered(
     """Run a route's handler with the key check, its error shape and the request metrics."""
     # From the request's arrival (http_protocol.py stamps it), as its client and depth control count
     # it: under load a handler starts an event-loop turn or more after its bytes came.
-    started = request.scope.get(ARRIVED, time.perf_counter())
+    started = arrival(request.scope)
     status = 200
     try:
         check_api_key(request)

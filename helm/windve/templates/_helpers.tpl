@@ -16,6 +16,12 @@
 {{- end }}
 {{- end }}
 
+{{- /* PromQL label matchers for this release's server pods (Deployment pods are
+<fullname>-<hash>-<id>; PromQL anchors the regex, so Redis's pods and other releases' stay out). */}}
+{{- define "windve.serverPodMatchers" -}}
+{{- printf "namespace=%q,pod=~%q" .Release.Namespace (printf "%s-[a-z0-9]+-[a-z0-9]+" (include "windve.fullname" .)) }}
+{{- end }}
+
 {{- define "windve.chart" -}}
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
 {{- end }}
