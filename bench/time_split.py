@@ -6,6 +6,8 @@ Histogram sums, counts and one bucket only, so each figure is exact over the run
   tokenizing, and waiting for the front end's event loop or in the slow lane);
 - queue: a query's wait in its pool before its batch started;
 - batch: a batch's time from when its instance could start it to its answer, and the queries in it;
+  beside it, the engine processes' own time for their batches (compute): what the batch's time has
+  beyond it is the hand-over, the pipes and the dispatcher's loop, when the device idles;
 - request: a 200's whole time, from its arrival (the kernel's stamp) to its answer, encoded and
   ready to write; what is left of it beyond front end + queue + batch is the hop to the
   dispatcher and back, normalizing and encoding;
@@ -28,6 +30,7 @@ HISTOGRAMS = {
     "windve_front_end_seconds": None,
     "windve_queue_seconds": "pool",
     "windve_inference_seconds": "pool",
+    "windve_engine_compute_seconds": "pool",
     "windve_batch_size": "pool",
 }
 ANSWERS = "windve_request_seconds"
@@ -89,8 +92,10 @@ def describe(means: dict) -> str:
     for pool in pools:
         size = means.get(f"windve_batch_size:{pool}")
         queries = f", {size[0]:.1f} queries" if size else ""
+        compute = f"windve_engine_compute_seconds:{pool}"
+        engine = f" (engine {ms(compute)})" if compute in means else ""
         parts.append(f"{pool}: queue {ms(f'windve_queue_seconds:{pool}')}, "
-                     f"batch {ms(f'windve_inference_seconds:{pool}')}{queries}")
+                     f"batch {ms(f'windve_inference_seconds:{pool}')}{engine}{queries}")
     line = f"request {ms(ANSWERS)}"
     if "over_slo" in means:
         over, answers, bound = means["over_slo"]

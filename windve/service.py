@@ -373,6 +373,7 @@ def build_instance(
     return EngineProcessInstance(
         spec,
         name=inst.name,
+        pool=inst.pool,
         rank_cores=rank_cores,
         numa_nodes=nodes,
         engine=inst.engine or settings.engine,

@@ -3,8 +3,11 @@
 pyzmq's asyncio socket makes a future and a loop callback for every message received and sent.
 On the H100 host that wrapper took ~30 % of the dispatcher's main thread at ~4,500 requests/s
 (bench/SERVED.md); here it is a plain socket whose descriptor the loop watches. When the
-descriptor signals, every waiting message is read with NOBLOCK, up to `per_turn` in one loop
-turn so that the batcher and the answers get the loop between reads. Sends are NOBLOCK too.
+descriptor signals, every waiting message is read with NOBLOCK, for at most `turn_seconds` of
+one loop turn, so that an engine's answer and the batch it frees the engine for wait behind a
+millisecond of reading, not behind a burst of hundreds of messages (bench/handoff.py: with the
+loop busy in 10 ms steps an engine process with two batches in flight computed 45 % of the
+time). Sends are NOBLOCK too.
 Messages arrive as lists of bytes: the frames are small (a request's token ids, its vectors),
 and a zero-copy zmq.Frame costs more to make than such a copy. Whether one waits is asked of
 ZMQ_EVENTS rather than learnt from a zmq.Again, whose making costs as much as a message.
@@ -20,28 +23,36 @@ would only lose admitted work.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 
 import zmq
 
-READ_PER_TURN = 256
+READ_TURN_SECONDS = 0.001
 
 
 class LoopSocket:
-    def __init__(self, socket: zmq.Socket, on_message: Callable[[list], None], per_turn: int = READ_PER_TURN) -> None:
+    def __init__(
+        self,
+        socket: zmq.Socket,
+        on_message: Callable[[list], None],
+        turn_seconds: float = READ_TURN_SECONDS,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
         socket.setsockopt(zmq.LINGER, 0)
         socket.setsockopt(zmq.SNDHWM, 0)
         socket.setsockopt(zmq.RCVHWM, 0)
         self.socket = socket
         self._on_message = on_message
-        self._per_turn = per_turn
+        self._turn_seconds = turn_seconds
+        self._clock = clock
         self._loop: asyncio.AbstractEventLoop | None = None
         self._scheduled = False
 
     def start(self) -> None:
         """Watch the socket from the running loop; messages that came before are read next turn."""
         self._loop = asyncio.get_running_loop()
-        self._loop.add_reader(self.socket.getsockopt(zmq.FD), self._read)
+        self._loop.add_reader(self.socket.getsockopt(zmq.FD), self._signalled)
         self._schedule()
 
     def send(self, frames: list) -> None:
@@ -55,19 +66,22 @@ class LoopSocket:
             self._loop.remove_reader(self.socket.getsockopt(zmq.FD))
         self.socket.close(0)
 
+    def _signalled(self) -> None:
+        if not self._scheduled:  # else a turn is queued already: a second one would double this step
+            self._read()
+
     def _read(self) -> None:
         self._scheduled = False
-        for _ in range(self._per_turn):
-            if self.socket.closed:
-                return
-            if not self.socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-                return
+        ends = self._clock() + self._turn_seconds
+        while not self.socket.closed and self.socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
             try:
                 frames = self.socket.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:  # EVENTS said one waits; never seen, but never block the loop
                 return
             self._on_message(frames)
-        self._schedule()  # more may wait: read them next turn
+            if self._clock() >= ends:  # at least one message a turn, then the loop's other work
+                self._schedule()  # more may wait: read them next turn
+                return
 
     def _schedule(self) -> None:
         if not self._scheduled and self._loop is not None:

@@ -58,7 +58,7 @@ CPU_AHEAD_FILL = 0.5
 ENGINE_COMPUTE = Histogram(
     "windve_engine_compute_seconds",
     "Time an engine process spent running one batch, by its own clock",
-    ["engine"],
+    ["pool", "engine"],
     buckets=LATENCY_BUCKETS,
 )
 
@@ -71,6 +71,7 @@ class EngineProcessInstance:
         spec: ModelSpec,
         *,
         name: str,
+        pool: str = "",
         rank_cores: list[list[int]],
         numa_nodes: list[int],
         engine: str = "torch",
@@ -98,6 +99,7 @@ class EngineProcessInstance:
                 f"engine {engine!r} needs one rank (a single core set)"
             )
         self.name = name
+        self.pool = pool or name.rsplit("-", 1)[0]  # for /metrics: instances are named <pool>-<n> by default
         self.pipeline = PIPELINE
         self.ahead_fill = CPU_AHEAD_FILL if device == "cpu" else 0.0
         self.spec = spec
@@ -292,7 +294,7 @@ class EngineProcessInstance:
             answers.append(self._receive(request_id))
             seconds += self.last_compute_seconds
         if ids:
-            ENGINE_COMPUTE.labels(self.name).observe(seconds)
+            ENGINE_COMPUTE.labels(self.pool, self.name).observe(seconds)
         return answers
 
     def _chunks(self, sequences: Sequence[np.ndarray]) -> list[Sequence[np.ndarray]]:
