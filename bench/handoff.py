@@ -5,7 +5,8 @@ an engine's batch of a few milliseconds is handed over and answered through that
 instance's threads. Every millisecond the hand-over waits, the device idles. This bench runs the
 real queue manager and a real engine process (pinned to its own core; the loop to another), keeps
 the loop busy in steps of a given length (what one burst of front-end messages costs it), and
-prints, per step length and interpreter switch interval, the engine's busy share: the sum of its
+prints, per step length, interpreter switch interval and batches held by the engine process
+(`--pipelines`, the instance's `pipeline`: 2 by default), the engine's busy share: the sum of its
 own compute time (windve_engine_compute_seconds) over the wall time. Every configuration runs in
 the same process against the same engine, in alternating rounds, so the shares compare within one
 run whatever the machine's speed.
@@ -15,7 +16,7 @@ to a temporary folder) at batches of `--batch` 75-token queries, small enough th
 few milliseconds as on a GPU. What a GPU forward would add (launch overhead in the engine process)
 is not modelled: this measures the loop's side of the hand-over only.
 
-    python bench/handoff.py [--steps-ms 0,1,3,10] [--switch-ms 5,0.5] [--rounds 2] [--seconds 4]
+    python bench/handoff.py [--steps-ms 0,1,3,10] [--switch-ms 5,0.5] [--pipelines 2] [--rounds 2] [--seconds 4]
 """
 
 from __future__ import annotations
@@ -91,21 +92,27 @@ async def measure(args: argparse.Namespace, model: Path) -> None:
 
     tasks = [asyncio.create_task(client()) for _ in range(CLIENTS)] + [asyncio.create_task(busy())]
     default_switch = sys.getswitchinterval()
-    results: dict[tuple[float, float], list[tuple[float, float, float]]] = {}
+    results: dict[tuple[float, float, int], list[tuple[float, float, float]]] = {}
+    configurations = [
+        (step_ms, switch_ms, pipeline)
+        for step_ms in args.steps_ms
+        for switch_ms in args.switch_ms
+        for pipeline in args.pipelines
+    ]
     try:
         for _ in range(args.rounds):
-            for step_ms in args.steps_ms:
-                for switch_ms in args.switch_ms:
-                    state["step"] = step_ms / 1000
-                    sys.setswitchinterval(switch_ms / 1000)
-                    await asyncio.sleep(args.settle)
-                    before = totals(state["done"])
-                    await asyncio.sleep(args.seconds)
-                    after = totals(state["done"])
-                    done, batches, compute, wall = (b - a for a, b in zip(before, after))
-                    results.setdefault((step_ms, switch_ms), []).append(
-                        (compute / wall, done / wall, 1000 * wall / max(batches, 1))
-                    )
+            for step_ms, switch_ms, pipeline in configurations:
+                state["step"] = step_ms / 1000
+                sys.setswitchinterval(switch_ms / 1000)
+                instance.pipeline = pipeline
+                await asyncio.sleep(args.settle)
+                before = totals(state["done"])
+                await asyncio.sleep(args.seconds)
+                after = totals(state["done"])
+                done, batches, compute, wall = (b - a for a, b in zip(before, after))
+                results.setdefault((step_ms, switch_ms, pipeline), []).append(
+                    (compute / wall, done / wall, 1000 * wall / max(batches, 1))
+                )
     finally:
         sys.setswitchinterval(default_switch)
         state["stop"] = True
@@ -113,12 +120,12 @@ async def measure(args: argparse.Namespace, model: Path) -> None:
         await manager.close()
     print(f"\n== hand-over: engine busy share with the loop busy ({args.rounds} rounds of {args.seconds:g} s each, "
           f"batches of {args.batch}, {CLIENTS} clients)")
-    print(" loop step  switch   engine busy         queries/s        ms between answers")
-    for (step_ms, switch_ms), runs in results.items():
+    print(" loop step  switch  batches held  engine busy         queries/s        ms between answers")
+    for (step_ms, switch_ms, pipeline), runs in results.items():
         busy_share = " / ".join(f"{100 * share:3.0f} %" for share, _, _ in runs)
         rate = " / ".join(f"{qps:6.0f}" for _, qps, _ in runs)
         period = " / ".join(f"{ms:5.2f}" for _, _, ms in runs)
-        print(f"  {step_ms:5g} ms  {switch_ms:4g} ms  {busy_share:<18}  {rate:<16}  {period}")
+        print(f"  {step_ms:5g} ms  {switch_ms:4g} ms  {pipeline:12d}  {busy_share:<18}  {rate:<16}  {period}")
 
 
 def main() -> None:
@@ -128,6 +135,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="bf16")
     parser.add_argument("--steps-ms", type=lambda s: [float(x) for x in s.split(",")], default=[0, 1, 3, 10])
     parser.add_argument("--switch-ms", type=lambda s: [float(x) for x in s.split(",")], default=[5, 0.5])
+    parser.add_argument("--pipelines", type=lambda s: [int(x) for x in s.split(",")], default=[2])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--settle", type=float, default=1.0, help="unmeasured seconds after each change")

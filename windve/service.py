@@ -34,6 +34,7 @@ from windve.engines import resolve_dtype
 from windve.model import ModelSpec, load_model_spec
 from windve.probe import Address, ProbeFailed, exact_length_texts, probe_over_http
 from windve.settings import Settings
+from windve.thread_switches import shorten_for_accelerators
 from windve.tokenizer import TextTokenizer
 
 log = logging.getLogger(__name__)
@@ -88,6 +89,8 @@ class Runtime:
             pool.name: [build_instance(settings, spec, hardware, inst) for inst in pool.instances]
             for pool in plan.pools
         }
+        # This process hands the batches over: to accelerators, without waiting out the loop's 5 ms.
+        shorten_for_accelerators(inst.device for pool in plan.pools for inst in pool.instances)
         runtime = cls(settings, spec, tokenizer, hardware, plan, instances)
         if settings.calibration_file is not None:
             runtime.apply_calibration(load_calibration(settings.calibration_file), str(settings.calibration_file))

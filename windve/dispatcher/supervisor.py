@@ -31,7 +31,6 @@ from windve.gc_tuning import tune_gc_for_serving
 from windve.probe import loopback
 from windve.service import Runtime
 from windve.settings import Settings
-from windve.thread_switches import shorten_thread_switches
 
 log = logging.getLogger("windve.dispatcher")
 
@@ -109,9 +108,7 @@ class Supervisor:
             self.failed = f"{type(error).__name__}: {error}"
             self._begin_stop()
             return
-        # As a front end does once it serves: the dispatcher's loop and its engines' threads.
-        tune_gc_for_serving()
-        shorten_thread_switches()
+        tune_gc_for_serving()  # as a front end does once it serves
         log.info("dispatcher ready: pools %s", ", ".join(self.runtime.pool_names))
 
     async def _front_ends_serve(self, server: DispatcherServer) -> None:

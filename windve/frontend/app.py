@@ -21,7 +21,6 @@ from windve.frontend.tokenize_limits import BUDGET_REQUESTS, TokenBudget
 from windve.gc_tuning import tune_gc_for_serving
 from windve.probe import Listening
 from windve.settings import Settings
-from windve.thread_switches import shorten_thread_switches
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +81,6 @@ async def _start(
         app.state.ready_since = int(time.time())
         app.state.pipeline = EmbeddingPipeline(runtime, cache=create_cache(settings))
         tune_gc_for_serving()
-        shorten_thread_switches()
         # After the engines started: their processes were spawned by threads that keep their priority.
         lower_this_thread(settings.frontend_nice)
         # The front end serves now (/health says so once the dispatcher is ready): the warm-up
