@@ -89,7 +89,8 @@ class Runtime:
             pool.name: [build_instance(settings, spec, hardware, inst) for inst in pool.instances]
             for pool in plan.pools
         }
-        # This process hands the batches over: to accelerators, without waiting out the loop's 5 ms.
+        # The instances' threads in this process carry every batch to and from its engine: to an
+        # accelerator's, they should not wait out the loop's 5 ms for the interpreter lock.
         shorten_for_accelerators(inst.device for pool in plan.pools for inst in pool.instances)
         runtime = cls(settings, spec, tokenizer, hardware, plan, instances)
         if settings.calibration_file is not None:

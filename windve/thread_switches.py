@@ -7,7 +7,7 @@ answers; an engine instance's threads need it for a moment to hand a batch over 
 answer back, and each hand-off waited up to the interval. On an accelerator a batch takes a few
 milliseconds, so the device idled for it. Measured on a real engine process with batches of
 ~3.5 ms and the loop busy in steps of 3 ms (bench/handoff.py, bench/SERVED.md): the engine
-computed 71-72 % of the time with the default interval, 93-94 % with 0.5 ms.
+computed 71-74 % of the time with the default interval, 93-96 % with 0.5 ms.
 
 CPU engines keep the default. Their batches take 50-120 ms, where a 5 ms hand-off is a few
 percent, and on the 2-core default start (one process, the loop niced beside two engines) the
