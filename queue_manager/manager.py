@@ -822,6 +822,7 @@ class QueueManager:
                             "restarting": slot.restarting,
                             "load": slot.load,
                             "batches": slot.batches,
+                            "pipeline": slot.pipeline,  # batches it holds at once
                             "failures": slot.failures,
                         }
                         for slot in pool.instances

@@ -364,7 +364,7 @@ def build_instance(
 ) -> Instance:
     """An engine process for any device: a CPU instance gets one TP rank per NUMA node it
     spans; an accelerator instance one process pinned to its feeding core(s)."""
-    from windve.engine_process.instance import EngineProcessInstance
+    from windve.engine_process.instance import PIPELINE, EngineProcessInstance
 
     topology = hardware.topology
     if inst.device == "cpu":
@@ -386,6 +386,7 @@ def build_instance(
         onnx_cache_dir=settings.onnx_cache_dir,
         device=inst.device,
         heartbeat_timeout=settings.heartbeat_timeout_seconds,
+        pipeline=settings.accelerator_pipeline if accelerator_pool else PIPELINE,
     )
 
 

@@ -72,6 +72,9 @@ class Settings(BaseSettings):
     # Accelerator pool: batches bounded by a token budget (TEI's default), sized for the device.
     accelerator_max_batch_size: int = Field(1024, ge=1)
     accelerator_max_batch_tokens: int = Field(16384, ge=64)
+    # Batches an accelerator engine holds: one computing, the rest formed and waiting in its pipe.
+    # More hide a busier dispatcher's turns (bench/handoff.py), each at one batch's latency.
+    accelerator_pipeline: int = Field(2, ge=1, le=8)
     slo_seconds: float = Field(1.0, gt=0)
     heterogeneous: bool = True
     accelerator_depth: int | None = Field(None, ge=1)  # queries; None = calibration or default

@@ -47,6 +47,7 @@ def _two_front_ends(folder, *extra: str, **settings) -> ServerProcess:
         [{"pool": "accelerator", "device": "cpu", "cores": [0]}, {"pool": "cpu", "device": "cpu", "cores": [1]}],
         accelerator_depth=ACC_DEPTH,
         cpu_depth=CPU_DEPTH,
+        accelerator_pipeline=3,
         depth_control="static",
         dtype="fp32",
         **settings,
@@ -74,6 +75,8 @@ def test_every_process_has_its_part(served):
     assert engines["accelerator"]["kind"] == engines["cpu"]["kind"] == "engine-process"
     assert engines["accelerator"]["ranks"][0]["affinity"] == [0]
     assert engines["cpu"]["ranks"][0]["affinity"] == [1]
+    # accelerator_pipeline sets the batches the accelerator pool's engine holds; a CPU engine holds two.
+    assert (engines["accelerator"]["pipeline"], engines["cpu"]["pipeline"]) == (3, 2)
     engine_pids = {pid for engine in engines.values() for pid in engine["pids"]}
     assert not engine_pids & ({served.process.pid} | set(dispatcher["front_ends"]))
     metrics = httpx.get(served.url + "/metrics").text

@@ -83,6 +83,7 @@ class EngineProcessInstance:
         batch_timeout: float = 300.0,
         device: str = "cpu",
         heartbeat_timeout: float = 5.0,
+        pipeline: int = PIPELINE,
     ) -> None:
         world = len(rank_cores)
         if world < 1 or (device == "cpu" and any(not cores for cores in rank_cores)):
@@ -100,7 +101,7 @@ class EngineProcessInstance:
             )
         self.name = name
         self.pool = pool or name.rsplit("-", 1)[0]  # for /metrics: instances are named <pool>-<n> by default
-        self.pipeline = PIPELINE
+        self.pipeline = pipeline
         self.ahead_fill = CPU_AHEAD_FILL if device == "cpu" else 0.0
         self.spec = spec
         self.world = world
