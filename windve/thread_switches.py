@@ -11,7 +11,7 @@ computed 71-74 % of the time with the default interval, 93-96 % with 0.5 ms.
 
 CPU engines keep the default. Their batches take 50-120 ms, where a 5 ms hand-off is a few
 percent, and on the 2-core default start (one process, the loop niced beside two engines) the
-shorter interval served as many requests but with a longer tail: wrk's p99 was 4-20 % higher
+shorter interval served as many requests but with a longer tail: wrk's p99 was 4-22 % higher
 at 64-192 clients in both of two alternating rounds (bench/SERVED.md).
 """
 
