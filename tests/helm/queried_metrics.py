@@ -35,6 +35,7 @@ DASHBOARD_METRICS: frozenset[str] = frozenset({
     "windve_batch_tokens_bucket",
     "windve_queue_seconds_bucket",
     "windve_inference_seconds_bucket",
+    "windve_engine_compute_seconds_sum",
     # adaptive depth control
     "windve_pool_fit_alpha_seconds",
     "windve_pool_fit_beta_seconds",
