@@ -1,4 +1,4 @@
-"""The embed message's token-id frames: what a front end packs, the dispatcher unpacks unchanged."""
+"""What a front end and the dispatcher exchange: token ids in, vectors out, packed and unpacked unchanged."""
 
 from __future__ import annotations
 
@@ -43,3 +43,45 @@ def test_vectors_arrive_writable():
     back = messages.vectors_from_frame(vectors.tobytes(), 3, 4)
     back /= 2  # the front end normalizes in place
     np.testing.assert_array_equal(back * 2, vectors)
+
+
+def test_an_embed_request_and_its_answer_each_travel_as_one_frame(tmp_path):
+    """What a front end sends and what it reads back, over a real ZMQ socket pair."""
+    import asyncio
+
+    import zmq
+
+    from windve.dispatcher.board import StateBoard
+    from windve.dispatcher.client import RemoteDispatcher
+
+    board = tmp_path / "board"
+    StateBoard(board, create=True).close()
+    address = f"ipc://{tmp_path}/dispatcher"
+    sequences = [np.arange(1, 76, dtype=np.int32), np.arange(5, 9, dtype=np.int32)]
+    vectors = np.arange(2 * 384, dtype=np.float32).reshape(2, 384)
+
+    async def round_trip():
+        context = zmq.Context()
+        router = context.socket(zmq.ROUTER)
+        router.bind(address)
+        front_end = RemoteDispatcher(address, board)
+        front_end.start()
+        try:
+            ticket = front_end.submit(sequences)
+            frames = await asyncio.to_thread(router.recv_multipart)
+            header = messages.unpack(frames[1])
+            answer = {"id": header["id"], "status": messages.OK, "n": 2, "dim": 384, "vectors": vectors.data}
+            router.send_multipart([frames[0], messages.pack(answer)])
+            await asyncio.wait_for(ticket.future, 10)
+            return frames, header, ticket.result()
+        finally:
+            await front_end.close()
+            router.close(0)
+            context.term()
+
+    frames, header, answered = asyncio.run(round_trip())
+    assert len(frames) == 2  # the front end's identity, then the one frame it sent
+    received = messages.sequences_from_frames(header["lengths"], header["ids"])
+    for sent, got in zip(sequences, received, strict=True):
+        np.testing.assert_array_equal(got, sent)
+    np.testing.assert_array_equal(answered, vectors)

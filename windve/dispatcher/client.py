@@ -108,7 +108,7 @@ class RemoteTicket:
         header, payload = self.future.result()
         status = header["status"]
         if status == messages.OK:
-            return messages.vectors_from_frame(payload[0], header["n"], header["dim"])
+            return messages.vectors_from_frame(header["vectors"], header["n"], header["dim"])
         retry = header.get("retry_after", 1.0)
         if status == messages.BUSY:
             raise Busy(retry_after=retry, message=header["message"])
@@ -187,10 +187,10 @@ class RemoteDispatcher:
 
     def submit(self, sequences: Sequence[np.ndarray], waited: float = 0.0) -> RemoteTicket:
         lengths, ids = messages.sequence_frames(sequences)
-        header = {"op": messages.EMBED, "waited": waited}
+        header = {"op": messages.EMBED, "waited": waited, "lengths": lengths, "ids": ids}
         if self._lacked_room:
             header["lacked_room"], self._lacked_room = True, False
-        future = self._send(header, lengths, ids)
+        future = self._send(header)
         return RemoteTicket(self, header["id"], future)
 
     def status(self) -> dict:

@@ -15,6 +15,7 @@ import os
 import time
 from collections.abc import Callable
 
+import numpy as np
 import zmq
 from prometheus_client import generate_latest
 
@@ -95,15 +96,15 @@ class DispatcherServer:
     def _receive(self, frames: list) -> None:
         client, header = frames[0], messages.unpack(frames[1])
         try:
-            self._handle(client, header, frames[2:])
+            self._handle(client, header)
         except Exception:  # noqa: BLE001 - one bad message must not stop the dispatcher
             log.exception("dispatcher: cannot handle %s", header.get("op"))
             self._answer(client, header.get("id", 0), messages.FAILED, message="dispatcher error")
 
-    def _handle(self, client: bytes, header: dict, payload: list) -> None:
+    def _handle(self, client: bytes, header: dict) -> None:
         op, request_id = header["op"], header["id"]
         if op == messages.EMBED:
-            self._embed(client, request_id, header, payload)
+            self._embed(client, request_id, header)
         elif op == messages.CANCEL:
             request = self._pending.pop((client, request_id), None)
             runtime = self._runtime()
@@ -124,7 +125,7 @@ class DispatcherServer:
             self.serving.add(client)
             self.serving_changed.set()
 
-    def _embed(self, client: bytes, request_id: int, header: dict, payload: list) -> None:
+    def _embed(self, client: bytes, request_id: int, header: dict) -> None:
         runtime = self._runtime()
         if runtime is None or not runtime.accepting:
             self._answer(client, request_id, messages.UNAVAILABLE, message="the model is still loading", retry=1.0)
@@ -132,7 +133,7 @@ class DispatcherServer:
         qm = runtime.queue_manager
         if header.get("lacked_room"):
             qm.lacked_room()
-        sequences = messages.sequences_from_frames(payload[0], payload[1])
+        sequences = messages.sequences_from_frames(header["lengths"], header["ids"])
         try:
             request = qm.admit(sequences)
         except ShuttingDown as refusal:
@@ -163,8 +164,9 @@ class DispatcherServer:
             vectors = future.result()
             qm.record_latency(request, waited + time.perf_counter() - admitted)
             count, dim = vectors.shape
-            header = {"id": request_id, "status": messages.OK, "n": count, "dim": dim}
-            self._send(client, header, vectors.astype("float32", copy=False).data)
+            vectors = np.ascontiguousarray(vectors, dtype=np.float32)  # msgpack takes C-ordered buffers only
+            header = {"id": request_id, "status": messages.OK, "n": count, "dim": dim, "vectors": vectors.data}
+            self._send(client, header)
 
         request.future.add_done_callback(answered)
 
