@@ -21,6 +21,20 @@ import yaml
 START_TIMEOUT = 180.0
 
 
+def sums_by_label(metrics_text: str, sample: str, label: str) -> dict[str, float]:
+    """The values of /metrics sample `sample` (a counter's `..._total`, a histogram's `..._count`),
+    added up per value of `label` over the other labels."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    sums: dict[str, float] = {}
+    for family in text_string_to_metric_families(metrics_text):
+        for found in family.samples:
+            if found.name == sample:
+                key = found.labels[label]
+                sums[key] = sums.get(key, 0.0) + found.value
+    return sums
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-import re
 import signal
 import time
 
@@ -17,7 +16,7 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.servers import ServerProcess, long_text, start_server, write_plan_config
+from tests.servers import ServerProcess, long_text, start_server, sums_by_label, write_plan_config
 
 ACC_DEPTH, CPU_DEPTH = 3, 3
 
@@ -114,16 +113,8 @@ def test_concurrent_requests_through_both_front_ends_get_their_own_vectors(serve
     assert ok >= statuses.count(200)
     # The engines' own time per batch, beside the dispatcher's view of it (windve_inference_seconds),
     # pool by pool.
-    def batches_by_pool(family: str) -> dict[str, float]:
-        counts: dict[str, float] = {}
-        for line in metrics.splitlines():
-            if line.startswith(family + "_count{"):
-                pool = re.search(r'pool="([^"]+)"', line).group(1)
-                counts[pool] = counts.get(pool, 0.0) + float(line.rsplit(" ", 1)[1])
-        return counts
-
-    computed = batches_by_pool("windve_engine_compute_seconds")
-    assert computed == batches_by_pool("windve_inference_seconds")
+    computed = sums_by_label(metrics, "windve_engine_compute_seconds_count", "pool")
+    assert computed == sums_by_label(metrics, "windve_inference_seconds_count", "pool")
     assert set(computed) <= {"accelerator", "cpu"} and sum(computed.values()) >= 1
 
 

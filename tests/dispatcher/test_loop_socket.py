@@ -46,11 +46,12 @@ async def _echo_round(tmp_path, turn_seconds: float, clock=None) -> tuple[list[i
         if not done.is_set():
             loop.call_soon(note_step)
 
-    timing = {"turn_seconds": turn_seconds} | ({"clock": clock()} if clock else {})
-    router = LoopSocket(context.socket(zmq.ROUTER), echo, **timing)
+    def timing() -> dict:  # each socket its own clock
+        return {"turn_seconds": turn_seconds} | ({"clock": clock()} if clock else {})
+
+    router = LoopSocket(context.socket(zmq.ROUTER), echo, **timing())
     router.socket.bind(address)
-    timing = {"turn_seconds": turn_seconds} | ({"clock": clock()} if clock else {})
-    dealer = LoopSocket(context.socket(zmq.DEALER), collect, **timing)
+    dealer = LoopSocket(context.socket(zmq.DEALER), collect, **timing())
     dealer.socket.connect(address)
     router.start()
     dealer.start()

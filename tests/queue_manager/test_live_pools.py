@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import yaml
 
-from tests.servers import start_server
+from tests.servers import start_server, sums_by_label
 
 ACC_DEPTH, CPU_DEPTH = 2, 3
 
@@ -36,12 +36,7 @@ def write_config(folder, plan, **extra) -> str:
 
 
 def dispatched(url: str) -> dict[str, float]:
-    counts = {}
-    for line in httpx.get(url + "/metrics").text.splitlines():
-        if line.startswith("windve_pool_dispatched_queries_total{"):
-            pool = line.split('pool="')[1].split('"')[0]
-            counts[pool] = float(line.rsplit(" ", 1)[1])
-    return counts
+    return sums_by_label(httpx.get(url + "/metrics").text, "windve_pool_dispatched_queries_total", "pool")
 
 
 def raw_burst(port: int, bodies: list[bytes]) -> list[tuple[int, bytes, bytes]]:
