@@ -16,9 +16,8 @@ import time
 import httpx
 import numpy as np
 import pytest
-import yaml
 
-from tests.servers import start_server, sums_by_label
+from tests.servers import start_server, sums_by_label, write_plan_config
 
 ACC_DEPTH, CPU_DEPTH = 2, 3
 
@@ -27,12 +26,6 @@ def long_text(i: int) -> str:
     return f"Request number {i} asks about " + " ".join(
         f"topic{i}-{j} of the retrieval pipeline and its embedding service" for j in range(24)
     )
-
-
-def write_config(folder, plan, **extra) -> str:
-    path = folder / "windve.yaml"
-    path.write_text(yaml.safe_dump({"cpu_layout": "explicit", "plan": plan, **extra}))
-    return str(path)
 
 
 def dispatched(url: str) -> dict[str, float]:
@@ -63,7 +56,7 @@ def raw_burst(port: int, bodies: list[bytes]) -> list[tuple[int, bytes, bytes]]:
 @pytest.fixture(scope="module")
 def two_pool_server(tmp_path_factory):
     folder = tmp_path_factory.mktemp("two-pools")
-    config = write_config(
+    config = write_plan_config(
         folder,
         [{"pool": "accelerator", "device": "cpu", "cores": [0]}, {"pool": "cpu", "device": "cpu", "cores": [1]}],
         accelerator_depth=ACC_DEPTH,
@@ -136,7 +129,7 @@ async def _load(url: str, clients: int, stop: asyncio.Event, statuses: list[int]
 
 
 def test_killing_a_cpu_worker_loses_nothing_and_recovers(tmp_path):
-    config = write_config(
+    config = write_plan_config(
         tmp_path,
         [{"pool": "cpu", "device": "cpu", "cores": [0]}, {"pool": "cpu", "device": "cpu", "cores": [1]}],
         cpu_depth=64,
