@@ -5,11 +5,14 @@ whole physical cores (SMT siblings together), counted among the usable CPUs only
 - with an accelerator in the plan and no CPU pool (heterogeneous off): every usable core, as
   nothing else would use them and the host path (HTTP, tokenizing) is what limits a GPU;
 - with an accelerator and a CPU pool: the first NUMA node that has usable CPUs when there are
-  several such nodes, else half of the physical cores (at least one), so that CPU offload
-  cannot starve the accelerator's host path. Measured on an H100 host (bench/SERVED.md): one
-  front-end process spends ~0.6 ms of CPU per 75-token request, so feeding a bge-large-shaped
-  encoder at its ~9,000 queries/s takes five to six cores, while those cores would add tens of
-  queries/s as a CPU pool;
+  several such nodes, else three quarters of the physical cores (at least one), so that CPU
+  offload cannot starve the accelerator's host path. Measured on an H200 host (16 cores,
+  bench/SERVED.md, 2026-11-27): a front-end process spends ~0.9-1.0 ms of CPU per 75-token
+  request, so feeding a bge-large-shaped encoder at its ~7,500-8,000 queries/s takes eight
+  cores, and a MiniLM-shaped one more than the host has; with half the cores reserved, six
+  front ends served MiniLM 5,869 req/s against 12,629 for twelve, and a 10x storm left the
+  accepted p99 at 1.7 s, while the eight cores of the CPU pool added 6-30 queries/s of
+  bge-large;
 - without one: 1/16 of the physical cores (at least one), and none below
   SMALL_MACHINE_CORES physical cores, where every reserved core would be a large share of
   the CPU pool and the service's few threads can share cores with the instances.
@@ -35,7 +38,7 @@ from devices.topology import CpuTopology
 
 SMALL_MACHINE_CORES = 8  # fewer usable physical cores and no accelerator: reserve none
 CPU_ONLY_SHARE = 16  # without an accelerator, reserve 1/16 of the physical cores
-ACCELERATOR_SHARE = 2  # with one and a CPU pool on a single node, reserve half
+ACCELERATOR_SHARE = 0.75  # with one and a CPU pool on a single node, reserve three quarters
 ACCELERATOR_NAMES = {"cuda": "CUDA GPU", "npu": "Ascend NPU"}
 
 
@@ -70,7 +73,8 @@ def auto_reserved(
                 f"reserved NUMA node {first.id} (CPUs {format_cpulist(first.usable)}) for the service and "
                 f"accelerator feeding ({len(nodes)} nodes, accelerator present)"
             )
-        take, rule = max(1, len(cores) // ACCELERATOR_SHARE), "half of the physical cores, accelerator present"
+        take = max(1, int(len(cores) * ACCELERATOR_SHARE))
+        rule = "three quarters of the physical cores, accelerator present"
     elif len(cores) < SMALL_MACHINE_CORES:
         return (), f"no reserved cores: {len(cores)} physical cores (< {SMALL_MACHINE_CORES}) and no accelerator"
     else:

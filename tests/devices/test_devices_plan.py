@@ -133,8 +133,8 @@ CASES = [
     ),
     (
         "container one node+gpu",
-        "xeon2s", "0-3", (V100,), "per-node", "0-1",
-        {"accelerator": [("cuda:0", (1,), (0,), 1, 1)], "cpu": [("cpu", (2, 3), (0,), 1, 2)]},
+        "xeon2s", "0-3", (V100,), "per-node", "0-2",
+        {"accelerator": [("cuda:0", (2,), (0,), 1, 1)], "cpu": [("cpu", (3,), (0,), 1, 1)]},
     ),
     (
         "container on arm",
@@ -204,7 +204,7 @@ def test_heterogeneous_rules(hardware_for, accelerators, heterogeneous, pools, m
 
 
 def test_accelerator_without_cpu_cores_left_is_one_kind(hardware_for) -> None:
-    # One allowed CPU: the half rule reserves it, so no CPU pool can exist.
+    # One allowed CPU: the three-quarters rule reserves it, so no CPU pool can exist.
     plan = make_plan(hardware_for("xeon2s", (V100,), allowed="5"), heterogeneous=True)
     assert [pool.name for pool in plan.pools] == ["accelerator"]
     assert plan.heterogeneous is False and plan.reserved_cores == (5,)

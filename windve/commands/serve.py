@@ -19,7 +19,9 @@ from windve.commands.settings_flags import add_settings_flags, settings_from_arg
 log = logging.getLogger("windve.serve")
 
 DRAIN_SECONDS = 30  # how long SIGTERM waits for admitted requests before closing
-MAX_AUTO_WORKERS = 8
+# The dispatcher spends ~0.1 ms of CPU per request and a front end ~1 ms (H200 host, 75-token
+# texts, bench/SERVED.md 2026-11-27): past about a dozen front ends the one dispatcher is the limit.
+MAX_AUTO_WORKERS = 12
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
