@@ -24,15 +24,26 @@ START_TIMEOUT = 180.0
 def sums_by_label(metrics_text: str, sample: str, label: str) -> dict[str, float]:
     """The values of /metrics sample `sample` (a counter's `..._total`, a histogram's `..._count`),
     added up per value of `label` over the other labels."""
+    sums: dict[str, float] = {}
+    for labels, value in _samples(metrics_text, sample):
+        sums[labels[label]] = sums.get(labels[label], 0.0) + value
+    return sums
+
+
+def metric_sum(metrics_text: str, sample: str, **labels: str) -> float:
+    """The values of /metrics sample `sample` whose labels include `labels`, added up (0 if none)."""
+    return sum(value for found, value in _samples(metrics_text, sample) if labels.items() <= found.items())
+
+
+def _samples(metrics_text: str, sample: str) -> list[tuple[dict[str, str], float]]:
     from prometheus_client.parser import text_string_to_metric_families
 
-    sums: dict[str, float] = {}
-    for family in text_string_to_metric_families(metrics_text):
-        for found in family.samples:
-            if found.name == sample:
-                key = found.labels[label]
-                sums[key] = sums.get(key, 0.0) + found.value
-    return sums
+    return [
+        (found.labels, found.value)
+        for family in text_string_to_metric_families(metrics_text)
+        for found in family.samples
+        if found.name == sample
+    ]
 
 
 def free_port() -> int:

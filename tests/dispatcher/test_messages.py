@@ -12,9 +12,9 @@ from windve.dispatcher import messages
 def test_sequences_round_trip_through_bytes(lengths):
     rng = np.random.default_rng(len(lengths))
     sequences = [rng.integers(0, 30522, size=n, dtype=np.int32) for n in lengths]
-    lengths_frame, ids_frame = messages.sequence_frames(sequences)
+    lengths_bytes, ids_bytes = messages.pack_sequences(sequences)
     # What ZMQ hands the dispatcher: bytes copied off the socket.
-    back = messages.sequences_from_frames(bytes(lengths_frame), bytes(ids_frame))
+    back = messages.unpack_sequences(bytes(lengths_bytes), bytes(ids_bytes))
     assert [len(seq) for seq in back] == lengths
     for sent, received in zip(sequences, back):
         assert received.dtype == np.int32
@@ -32,15 +32,15 @@ def test_sequences_round_trip_through_bytes(lengths):
     ],
 )
 def test_malformed_frames_are_refused(lengths, ids):
-    lengths_frame = np.asarray(lengths, dtype=np.int32).tobytes()
-    ids_frame = np.asarray(ids, dtype=np.int32).tobytes()
+    lengths_bytes = np.asarray(lengths, dtype=np.int32).tobytes()
+    ids_bytes = np.asarray(ids, dtype=np.int32).tobytes()
     with pytest.raises(ValueError, match="malformed"):
-        messages.sequences_from_frames(lengths_frame, ids_frame)
+        messages.unpack_sequences(lengths_bytes, ids_bytes)
 
 
 def test_vectors_arrive_writable():
     vectors = np.arange(12, dtype=np.float32).reshape(3, 4)
-    back = messages.vectors_from_frame(vectors.tobytes(), 3, 4)
+    back = messages.unpack_vectors(vectors.tobytes(), 3, 4)
     back /= 2  # the front end normalizes in place
     np.testing.assert_array_equal(back * 2, vectors)
 
@@ -81,7 +81,7 @@ def test_an_embed_request_and_its_answer_each_travel_as_one_frame(tmp_path):
 
     frames, header, answered = asyncio.run(round_trip())
     assert len(frames) == 2  # the front end's identity, then the one frame it sent
-    received = messages.sequences_from_frames(header["lengths"], header["ids"])
+    received = messages.unpack_sequences(header["lengths"], header["ids"])
     for sent, got in zip(sequences, received, strict=True):
         np.testing.assert_array_equal(got, sent)
     np.testing.assert_array_equal(answered, vectors)

@@ -10,6 +10,8 @@ import httpx
 import numpy as np
 import pytest
 
+from tests.servers import metric_sum
+
 TEXTS = ["What is the capital of France?", "Paris is the capital and largest city of France."]
 
 
@@ -306,15 +308,10 @@ def test_health_info_metrics(client):
         assert name in metrics, name
 
 
-def summed(metrics_text: str, prefix: str) -> float:
-    """The values of every /metrics sample whose line starts with `prefix`, added up."""
-    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics_text.splitlines() if line.startswith(prefix))
-
-
 def histogram_sums(client, *names: str) -> list[tuple[float, float]]:
     """(sum, count) of each histogram in `names` over all its label values, from one read of /metrics."""
     text = client.get("/metrics").text
-    return [(summed(text, name + "_sum"), summed(text, name + "_count")) for name in names]
+    return [(metric_sum(text, name + "_sum"), metric_sum(text, name + "_count")) for name in names]
 
 
 LAG = 0.4  # seconds between a request's first bytes and the end of its headers
@@ -354,7 +351,7 @@ def test_openapi_document(client):
 
 
 def answered_embed_requests(client) -> float:
-    return summed(client.get("/metrics").text, 'windve_requests_total{route="embed"')
+    return metric_sum(client.get("/metrics").text, "windve_requests_total", route="embed")
 
 
 def test_client_disconnect_frees_slots(server, client):

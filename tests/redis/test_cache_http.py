@@ -7,18 +7,13 @@ import asyncio
 import httpx
 import pytest
 
-from tests.servers import start_server
+from tests.servers import metric_sum, start_server
 
 TEXTS = ["cached question one", "cached question two", "a fresh question three"]
 
 
 def metric(url: str, name: str, **labels: str) -> float:
-    wanted = name + ("{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}" if labels else "")
-    total = 0.0
-    for line in httpx.get(url + "/metrics").text.splitlines():
-        if line.startswith(wanted + " ") or (not labels and line.startswith(name + "{")):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+    return metric_sum(httpx.get(url + "/metrics").text, name, **labels)
 
 
 def dispatched(url: str) -> float:

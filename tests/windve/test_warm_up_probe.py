@@ -15,7 +15,7 @@ import time
 import httpx
 from starlette.testclient import TestClient
 
-from tests.servers import ServerProcess, free_port, start_server
+from tests.servers import ServerProcess, free_port, metric_sum, start_server
 from windve.depths import PROBE_TOKENS, STEADY_QUERIES
 from windve.frontend.app import create_app
 from windve.settings import Settings
@@ -25,14 +25,6 @@ def _pools(server: ServerProcess) -> list[dict]:
     info = httpx.get(server.url + "/info", timeout=30).json()
     assert info["ready"] is True
     return info["pools"]
-
-
-def _counter(metrics: str, name: str, labels: str = "") -> float:
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in metrics.splitlines()
-        if line.startswith(name) and labels in line and not line.startswith("#")
-    )
 
 
 def _probe_queries(batch: int) -> int:
@@ -53,10 +45,10 @@ def _check_probed_over_http(server: ServerProcess) -> None:
     # Every probe query was an HTTP request answered 200 by a front end, tokenized there to
     # PROBE_TOKENS tokens; its Cache-Control kept the embedding cache (on by default) out of it.
     queries = sum(_probe_queries(pool["fit"]["batch"]) for pool in pools)
-    assert _counter(metrics, "windve_requests_total{", 'route="embed",status="200"') == queries
-    assert _counter(metrics, "windve_requests_total{") == queries
-    assert _counter(metrics, "windve_input_tokens_total") == queries * PROBE_TOKENS
-    assert _counter(metrics, "windve_cache_hits_total") == _counter(metrics, "windve_cache_misses_total") == 0
+    assert metric_sum(metrics, "windve_requests_total", route="embed", status="200") == queries
+    assert metric_sum(metrics, "windve_requests_total") == queries
+    assert metric_sum(metrics, "windve_input_tokens_total") == queries * PROBE_TOKENS
+    assert metric_sum(metrics, "windve_cache_hits_total") == metric_sum(metrics, "windve_cache_misses_total") == 0
 
 
 def test_one_process_probes_through_its_own_front_end(tmp_path):

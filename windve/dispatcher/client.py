@@ -108,7 +108,7 @@ class RemoteTicket:
         header, payload = self.future.result()
         status = header["status"]
         if status == messages.OK:
-            return messages.vectors_from_frame(header["vectors"], header["n"], header["dim"])
+            return messages.unpack_vectors(header["vectors"], header["n"], header["dim"])
         retry = header.get("retry_after", 1.0)
         if status == messages.BUSY:
             raise Busy(retry_after=retry, message=header["message"])
@@ -186,7 +186,7 @@ class RemoteDispatcher:
         return self.board.read().live_tail
 
     def submit(self, sequences: Sequence[np.ndarray], waited: float = 0.0) -> RemoteTicket:
-        lengths, ids = messages.sequence_frames(sequences)
+        lengths, ids = messages.pack_sequences(sequences)
         header = {"op": messages.EMBED, "waited": waited, "lengths": lengths, "ids": ids}
         if self._lacked_room:
             header["lacked_room"], self._lacked_room = True, False

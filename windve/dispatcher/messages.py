@@ -29,20 +29,20 @@ def unpack(frame) -> dict:
     return msgpack.unpackb(frame)
 
 
-def sequence_frames(sequences: Sequence[np.ndarray]) -> tuple[bytes, bytes]:
+def pack_sequences(sequences: Sequence[np.ndarray]) -> tuple[bytes, bytes]:
     """Token-id sequences -> (int32 lengths, int32 ids back to back)."""
     lengths = np.fromiter((len(seq) for seq in sequences), dtype=np.int32, count=len(sequences))
     ids = np.concatenate(sequences).astype(np.int32, copy=False)
     return lengths.tobytes(), ids.tobytes()
 
 
-def sequences_from_frames(lengths_frame, ids_frame) -> list[np.ndarray]:
-    """The inverse of sequence_frames: views on the received buffer, no copy.
+def unpack_sequences(lengths_bytes, ids_bytes) -> list[np.ndarray]:
+    """The inverse of pack_sequences: views on the received buffer, no copy.
 
     Sliced in Python: most requests carry one text or a few, where numpy's split and sums cost
     more than the slices (they were an eighth of the dispatcher's time, bench/hop.py)."""
-    lengths = np.frombuffer(lengths_frame, dtype=np.int32).tolist()
-    ids = np.frombuffer(ids_frame, dtype=np.int32)
+    lengths = np.frombuffer(lengths_bytes, dtype=np.int32).tolist()
+    ids = np.frombuffer(ids_bytes, dtype=np.int32)
     if not lengths or sum(lengths) != ids.size or min(lengths) < 1:
         raise ValueError("malformed embed message: lengths and ids disagree")
     if len(lengths) == 1:
@@ -54,9 +54,9 @@ def sequences_from_frames(lengths_frame, ids_frame) -> list[np.ndarray]:
     return sequences
 
 
-def vectors_from_frame(frame, count: int, dim: int) -> np.ndarray:
+def unpack_vectors(data, count: int, dim: int) -> np.ndarray:
     """A writable float32 [count, dim] copy: the front end normalizes it in place."""
-    return np.frombuffer(frame, dtype=np.float32, count=count * dim).reshape(count, dim).copy()
+    return np.frombuffer(data, dtype=np.float32, count=count * dim).reshape(count, dim).copy()
 
 
 def front_end_identity(pid: int) -> bytes:

@@ -133,7 +133,7 @@ class DispatcherServer:
         qm = runtime.queue_manager
         if header.get("lacked_room"):
             qm.lacked_room()
-        sequences = messages.sequences_from_frames(header["lengths"], header["ids"])
+        sequences = messages.unpack_sequences(header["lengths"], header["ids"])
         try:
             request = qm.admit(sequences)
         except ShuttingDown as refusal:
