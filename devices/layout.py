@@ -10,7 +10,7 @@ whole physical cores (SMT siblings together), counted among the usable CPUs only
   bench/SERVED.md, 2026-11-27): a front-end process spends ~0.9-1.0 ms of CPU per 75-token
   request, so feeding a bge-large-shaped encoder at its ~7,500-8,000 queries/s takes eight
   cores, and a MiniLM-shaped one more than the host has; with half the cores reserved, six
-  front ends served MiniLM 5,869 req/s against 12,629 for twelve, and a 10x storm left the
+  front ends served MiniLM at most 5,869 req/s against 12,629 for twelve, and a 10x storm left the
   accepted p99 at 1.7 s, while the eight cores of the CPU pool added 6-30 queries/s of
   bge-large;
 - without one: 1/16 of the physical cores (at least one), and none below
