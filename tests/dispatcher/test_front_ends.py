@@ -16,7 +16,7 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.servers import ServerProcess, long_text, start_server, sums_by_label, write_plan_config
+from tests.servers import ServerProcess, long_text, metric_sum, start_server, sums_by_label, write_plan_config
 
 ACC_DEPTH, CPU_DEPTH = 3, 3
 
@@ -105,11 +105,7 @@ def test_concurrent_requests_through_both_front_ends_get_their_own_vectors(serve
     assert peak["accelerator"] <= ACC_DEPTH and peak["cpu"] <= CPU_DEPTH, peak
     metrics = httpx.get(served.url + "/metrics").text
     # Both front ends' request counters add up in one exposition.
-    ok = sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in metrics.splitlines()
-        if line.startswith("windve_requests_total{") and 'status="200"' in line and 'route="embed"' in line
-    )
+    ok = metric_sum(metrics, "windve_requests_total", route="embed", status="200")
     assert ok >= statuses.count(200)
     # The engines' own time per batch, beside the dispatcher's view of it (windve_inference_seconds),
     # pool by pool.
