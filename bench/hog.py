@@ -6,7 +6,11 @@ included), starts a busy-loop process that takes one core `--hog-at` seconds in,
 `--hog-for` seconds later, and prints one line a second: the pool's depth, answers and 200s
 per second, and the p99 of the 200s answered in the last two seconds. Then a summary:
 - how long after the hog started the accepted p99 came back under the SLO (and stayed);
-- how long after the hog ended the depth was back to >= 80 % of its value before.
+- how long after the hog ended the depth was back to >= 80 % of its value before;
+- the p99 of every 200 answered from 10 s after the hog started to its end, and how many were over
+  the SLO: one figure over thousands of answers, where a two-second window holds a few hundred and
+  its p99 is their third or fourth slowest;
+- the service's depth moves (from its log), and how many rises a fall undid within 3 s.
 
     python bench/hog.py [--seconds 90] [--hog-at 20] [--hog-for 30] [--load 1.0] [--slo 1.0]
 
@@ -20,11 +24,13 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 
 import httpx
@@ -88,7 +94,7 @@ async def run(args: argparse.Namespace) -> None:
         stop = asyncio.Event()
         answers: list[tuple[float, float, int]] = []
         tasks = [asyncio.create_task(client(port, stop, answers)) for _ in range(clients)]
-        start = time.perf_counter()
+        start, wall_start = time.perf_counter(), time.time()
         depths: list[tuple[float, int]] = []
         print(f"{'t':>4} {'depth':>6} {'ans/s':>7} {'200/s':>7} {'p99 200s (2 s)':>15} {'service p99 (5 s)':>18}")
         for second in range(1, args.seconds + 1):
@@ -109,6 +115,7 @@ async def run(args: argparse.Namespace) -> None:
         stop.set()
         await asyncio.gather(*tasks, return_exceptions=True)
         summarize(answers, depths, start, args)
+        summarize_moves(Path(log.name).read_text(errors="replace"), wall_start)
     finally:
         if hog is not None and hog.poll() is None:
             hog.kill()
@@ -140,7 +147,34 @@ def summarize(answers, depths, start, args) -> None:
           else "accepted p99 did not settle under the SLO while the hog ran")
     print(f"depth back to >= 80 % of before: {recovered:.0f} s after the hog ended" if recovered is not None
           else "depth did not come back to 80 % of before")
+    late = [a[1] for a in answers if hog_start + 10 < a[0] - start <= hog_end and a[2] == 200]
+    if late:
+        over = sum(1 for seconds in late if seconds > args.slo)
+        print(f"200s from 10 s after the hog started to its end: {len(late)}, p99 {np.percentile(late, 99):.3f} s, "
+              f"{over} over the SLO ({100 * over / len(late):.2f} %)")
     print(f"overall: {len(answers)} answers, {len(ok)} 200s, {len(answers) - len(ok)} others")
+
+
+MOVE = re.compile(r"^(\S+ \S+) INFO queue_manager\.manager: pool (\S+): depth (\d+) -> (\d+) \((.*)\)$", re.M)
+
+
+def summarize_moves(log_text: str, wall_start: float) -> None:
+    """Each depth move the service logged (seconds on the report's clock), and how many rises a fall
+    undid within 3 s: a rise that went past what the pool holds shows as one."""
+    moves = [
+        (datetime.strptime(when, "%Y-%m-%d %H:%M:%S,%f").timestamp(), pool, int(old), int(new), why)
+        for when, pool, old, new, why in MOVE.findall(log_text)
+    ]
+    if not moves:
+        return
+    for when, pool, old, new, why in moves:
+        print(f"  {when - wall_start:6.1f} s: {pool} {old} -> {new} ({why})")
+    rises = [i for i, move in enumerate(moves) if move[3] > move[2]]
+    undone = sum(
+        1 for i in rises
+        if i + 1 < len(moves) and moves[i + 1][3] < moves[i + 1][2] and moves[i + 1][0] - moves[i][0] < 3
+    )
+    print(f"depth moves: {len(moves)}, of which {len(rises)} rises; a fall within 3 s undid {undone} of them")
 
 
 def main() -> None:
