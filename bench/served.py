@@ -12,8 +12,9 @@ Sections (bench/SERVED.md says more):
   non-2xx; under each WindVE row, every process role's CPU per 200 (bench/cpu_cost.py), and from
   the service's /metrics where the mean request's time went and how many 200s, of all of them,
   were over the SLO (bench/time_split.py);
-- overload: 2x and 10x the service's total depth (GET /info) in clients, wrk asking again at once
-  after every answer, 429s included: goodput (200s/s) and its ratio to the served section's peak,
+- overload: 2x and 10x the service's total depth (GET /info) in clients (`--overload-factors`;
+  the sampling connections count among them, so 1x is exactly the depth), wrk asking again at
+  once after every answer, 429s included: goodput (200s/s) and its ratio to the served section's peak,
   the 429s, and the worst latency of GET /health polled meanwhile, on a keep-alive connection
   ("health") and on a new connection each time, as a Kubernetes probe asks ("probe");
 - isolation: the accelerator pool's admissions per second (windve_pool_dispatched_queries_total,
@@ -586,7 +587,10 @@ def overload(port: int, bodies: Path, peak: float | None, args: argparse.Namespa
     )
     rows = []
     for factor in [float(f) for f in args.overload_factors.split(",")]:
-        clients = max(1, round(factor * total))
+        # The sampling connections count among the level's clients: at 1x, wrk's and theirs make
+        # exactly the depth (they made it 1x plus 8 before, and a few 429s at 1x with them).
+        connections = max(1, round(factor * total))
+        clients = max(1, connections - args.samplers)
         wait_until_idle(port)
         # Through the settling run too: one keep-alive poller and one that connects anew each time.
         pollers = [HealthPoller(port, args.health_interval, fresh) for fresh in (False, True)]
@@ -600,7 +604,8 @@ def overload(port: int, bodies: Path, peak: float | None, args: argparse.Namespa
         row |= {"factor": factor, "total_depth": total, "depths": depths, "health": health, "probe": probe,
                 "goodput_over_peak": row["ok_rps"] / peak if peak else None}
         rows.append(row)
-        table.row(f"{factor:g}x", row["clients"], row["rps"], row["ok_rps"],
+        row["connections"] = clients + (args.samplers if row.get("sampled") is not None else 0)
+        table.row(f"{factor:g}x", row["connections"], row["rps"], row["ok_rps"],
                   f"{row['goodput_over_peak']:.2f}" if peak else "n/a", row["p99_ms"], ms(row["p99_ok_bound_ms"]),
                   row["busy"], row["other"], row["socket_errors"], health["max_ms"], probe["max_ms"],
                   health["polls"] + probe["polls"], health["failures"] + probe["failures"])
