@@ -8,8 +8,8 @@ per second, and the p99 of the 200s answered in the last two seconds. Then a sum
 - how long after the hog started the accepted p99 came back under the SLO (and stayed);
 - how long after the hog ended the depth was back to >= 80 % of its value before;
 - the p99 of every 200 answered from 10 s after the hog started to its end, and how many were over
-  the SLO: one figure over thousands of answers, where a two-second window holds a few hundred and
-  its p99 is their third or fourth slowest;
+  the SLO: one figure over thousands of answers, where a two-second window holds several hundred
+  (about 800-900 on 2 cores) and its p99 is about their ninth slowest;
 - the service's depth moves (from its log), and how many rises a fall undid within 3 s.
 
     python bench/hog.py [--seconds 90] [--hog-at 20] [--hog-for 30] [--load 1.0] [--slo 1.0]

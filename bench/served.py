@@ -298,7 +298,8 @@ def start_wrk(port: int, bodies: Path, path: str, clients: int, seconds: float,
     processes, opened = [], 0
     for shard in range(shards):
         share = clients // shards + (1 if shard < clients % shards else 0)
-        threads = max(1, min(args.wrk_threads, share))
+        # wrk opens connections // threads per thread: a thread count that divides them opens all.
+        threads = max(t for t in range(1, max(1, min(args.wrk_threads, share)) + 1) if share % t == 0)
         command = [
             "wrk", f"-t{threads}", f"-c{share}", f"-d{max(1, round(seconds))}s", "--latency",
             "--timeout", f"{args.wrk_timeout}s", "-s", str(WRK_SCRIPT), f"http://127.0.0.1:{port}", "--", str(bodies),
@@ -587,8 +588,8 @@ def overload(port: int, bodies: Path, peak: float | None, args: argparse.Namespa
     )
     rows = []
     for factor in [float(f) for f in args.overload_factors.split(",")]:
-        # The sampling connections count among the level's clients: at 1x, wrk's and theirs make
-        # exactly the depth (they made it 1x plus 8 before, and a few 429s at 1x with them).
+        # The sampling connections count among the level's clients, so that 1x is exactly the
+        # depth: on top of it, some of a full pool's clients are refused at 1x.
         connections = max(1, round(factor * total))
         clients = max(1, connections - args.samplers)
         wait_until_idle(port)
@@ -604,7 +605,7 @@ def overload(port: int, bodies: Path, peak: float | None, args: argparse.Namespa
         row |= {"factor": factor, "total_depth": total, "depths": depths, "health": health, "probe": probe,
                 "goodput_over_peak": row["ok_rps"] / peak if peak else None}
         rows.append(row)
-        row["connections"] = clients + (args.samplers if row.get("sampled") is not None else 0)
+        row["connections"] = row["clients"] + (args.samplers if row.get("sampled") is not None else 0)
         table.row(f"{factor:g}x", row["connections"], row["rps"], row["ok_rps"],
                   f"{row['goodput_over_peak']:.2f}" if peak else "n/a", row["p99_ms"], ms(row["p99_ok_bound_ms"]),
                   row["busy"], row["other"], row["socket_errors"], health["max_ms"], probe["max_ms"],
