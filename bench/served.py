@@ -289,13 +289,12 @@ def wrk_shards(clients: int) -> int:
 
 
 def start_wrk(port: int, bodies: Path, path: str, clients: int, seconds: float,
-              args: argparse.Namespace) -> tuple[list[subprocess.Popen], int]:
-    """Start wrk, as several processes when one cannot hold every connection (wrk_shards).
-
-    Returns the processes and the connections they open: wrk gives each thread clients // threads."""
+              args: argparse.Namespace) -> list[subprocess.Popen]:
+    """Start wrk with `clients` connections, as several processes when one cannot hold every
+    connection (wrk_shards)."""
     shards = wrk_shards(clients)
     cpus = getattr(args, "wrk_cpus", None)
-    processes, opened = [], 0
+    processes = []
     for shard in range(shards):
         share = clients // shards + (1 if shard < clients % shards else 0)
         # wrk opens connections // threads per thread: a thread count that divides them opens all.
@@ -307,8 +306,7 @@ def start_wrk(port: int, bodies: Path, path: str, clients: int, seconds: float,
         ]
         processes.append(subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                           preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None))
-        opened += (share // threads) * threads
-    return processes, opened
+    return processes
 
 
 def finish_wrk(processes: list[subprocess.Popen], clients: int) -> dict:
@@ -348,7 +346,7 @@ def _wrk_result(process: subprocess.Popen) -> dict:
 
 
 def run_wrk(port: int, bodies: Path, path: str, clients: int, seconds: float, args: argparse.Namespace) -> dict:
-    return finish_wrk(*start_wrk(port, bodies, path, clients, seconds, args))
+    return finish_wrk(start_wrk(port, bodies, path, clients, seconds, args), clients)
 
 
 def run_wrk_watched(port: int, bodies: Path, clients: int, args: argparse.Namespace) -> dict:
@@ -359,7 +357,7 @@ def run_wrk_watched(port: int, bodies: Path, clients: int, args: argparse.Namesp
     serve_pid = getattr(args, "serve_pid", None)
     before = cpu_cost.snapshot(serve_pid) if serve_pid else None
     timed_before = time_split.snapshot(port, args.slo)
-    processes, clients = start_wrk(port, bodies, "/embed", clients, args.seconds, args)
+    processes = start_wrk(port, bodies, "/embed", clients, args.seconds, args)
     sampler = Sampler(port, bodies, args.samplers) if args.samplers else None
     if sampler:
         sampler.start()
@@ -590,8 +588,7 @@ def overload(port: int, bodies: Path, peak: float | None, args: argparse.Namespa
     for factor in [float(f) for f in args.overload_factors.split(",")]:
         # The sampling connections count among the level's clients, so that 1x is exactly the
         # depth: on top of it, some of a full pool's clients are refused at 1x.
-        connections = max(1, round(factor * total))
-        clients = max(1, connections - args.samplers)
+        clients = max(1, round(factor * total) - args.samplers)
         wait_until_idle(port)
         # Through the settling run too: one keep-alive poller and one that connects anew each time.
         pollers = [HealthPoller(port, args.health_interval, fresh) for fresh in (False, True)]
@@ -605,7 +602,7 @@ def overload(port: int, bodies: Path, peak: float | None, args: argparse.Namespa
         row |= {"factor": factor, "total_depth": total, "depths": depths, "health": health, "probe": probe,
                 "goodput_over_peak": row["ok_rps"] / peak if peak else None}
         rows.append(row)
-        row["connections"] = row["clients"] + (args.samplers if row.get("sampled") is not None else 0)
+        row["connections"] = row["clients"] + row["sampler_connections"]
         table.row(f"{factor:g}x", row["connections"], row["rps"], row["ok_rps"],
                   f"{row['goodput_over_peak']:.2f}" if peak else "n/a", row["p99_ms"], ms(row["p99_ok_bound_ms"]),
                   row["busy"], row["other"], row["socket_errors"], health["max_ms"], probe["max_ms"],
@@ -646,7 +643,7 @@ def isolation(port: int, bodies: Path, args: argparse.Namespace) -> dict | None:
         wait_until_idle(port)
         # Counted from `settle` s into the run, not over the burst that first fills the queues, and
         # ended 2 s before wrk stops, so that a slow GET /metrics still reads the counters under load.
-        processes, clients = start_wrk(port, bodies, "/embed", clients, args.isolation_settle + args.seconds + 2, args)
+        processes = start_wrk(port, bodies, "/embed", clients, args.isolation_settle + args.seconds + 2, args)
         time.sleep(args.isolation_settle)
         started, before = dispatched(port)
         time.sleep(max(0.0, started + args.seconds - time.monotonic()))
