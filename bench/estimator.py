@@ -45,9 +45,9 @@ from typing import Any
 # This script is named like the package it measures: keep its own folder off the import path.
 sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != Path(__file__).resolve().parent]
 
-from estimator.fit import LengthFit, decide_depth
+from estimator.fit import LengthFit
 from estimator.pipeline import CalibrationOptions, calibrate_pool, fit_profile
-from estimator.profile import ProfileOptions, profile_pool
+from estimator.profile import ProfileOptions, decide_profile_depth, profile_pool
 from estimator.recheck import SPEED_TOLERANCE, CrossingCheck, SpeedCheck, crossing_check, recheck_speed
 from estimator.report import describe_charge
 from estimator.rounds import MakeQuery, Progress, Submit, tail
@@ -108,7 +108,8 @@ def _now() -> float:
 async def run_trial(pool: Pool, slo: float, options: ProfileOptions, step: int) -> Trial:
     started = _now()
     profile = await profile_pool(pool.submit, pool.make_query, slo, options, pool=pool.name, stage="estimate")
-    estimate = decide_depth(fit_profile(pool.name, profile.samples), slo, cap=options.max_concurrency).depth
+    fit = fit_profile(pool.name, profile.samples)
+    estimate = decide_profile_depth(profile.samples, fit, slo, cap=options.max_concurrency).depth
     estimated = MethodResult(estimate, _now() - started)
     # The settled level measured again after each method (not counted in any method's time): a shared
     # machine changes speed for seconds to minutes at a time, and each method sees its own share of that.

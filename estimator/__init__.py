@@ -36,7 +36,7 @@ from estimator.fit import (
     token_budget_for_slo,
 )
 from estimator.pipeline import CalibrationOptions, CalibrationRunError, calibrate_pool, calibrate_pools
-from estimator.profile import ProfileOptions, profile_pool
+from estimator.profile import ProfileOptions, decide_profile_depth, profile_pool
 from estimator.rounds import LevelSample, MakeQuery, Progress, Submit
 
 __all__ = [
@@ -57,6 +57,7 @@ __all__ = [
     "calibrate_pool",
     "calibrate_pools",
     "decide_depth",
+    "decide_profile_depth",
     "depth_for_slo",
     "fingerprint_mismatch",
     "fit_linear",

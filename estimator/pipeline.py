@@ -8,12 +8,12 @@ further query lengths for a token budget, the stress-test baseline, and a speed 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from estimator.calibration import Calibration, ModelIdentity, PoolCalibration, SloDepth
-from estimator.fit import DEFAULT_HEADROOM, LengthFit, LinearFit, decide_depth, fit_length_aware, token_budget_for_slo
-from estimator.profile import ProfileOptions, finite_samples, fit_samples, profile_pool
+from estimator.fit import DEFAULT_HEADROOM, LengthFit, LinearFit, fit_length_aware, token_budget_for_slo
+from estimator.profile import ProfileOptions, decide_profile_depth, finite_samples, fit_samples, profile_pool
 from estimator.recheck import recheck_speed
 from estimator.rounds import LevelSample, MakeQuery, ProgressHook, Submit
 from estimator.stress import StressResult, stress_test
@@ -52,9 +52,9 @@ def _fit_lengths(samples: list[LevelSample]) -> LengthFit | None:
     return fit_length_aware([s.concurrency for s in usable], [s.tokens for s in usable], [s.p99 for s in usable])
 
 
-def _depth(options: CalibrationOptions, slo: float, fit: LinearFit, lengths: LengthFit | None,
-           stress: StressResult | None) -> SloDepth:
-    decision = decide_depth(fit, slo, cap=options.profile.max_concurrency, headroom=options.headroom)
+def _depth(options: CalibrationOptions, slo: float, samples: Sequence[LevelSample], fit: LinearFit,
+           lengths: LengthFit | None, stress: StressResult | None) -> SloDepth:
+    decision = decide_profile_depth(samples, fit, slo, cap=options.profile.max_concurrency, headroom=options.headroom)
     return SloDepth(
         slo=slo,
         estimate=decision.depth,
@@ -97,7 +97,7 @@ async def calibrate_pool(
         samples=main.samples,
         fit=fit,
         profile_seconds=main.seconds,
-        depths=tuple(_depth(options, slo, fit, length_fit, stress) for slo in options.slos),
+        depths=tuple(_depth(options, slo, main.samples, fit, length_fit, stress) for slo in options.slos),
         profile_stop=main.stop_reason,
         length_fit=length_fit,
         length_samples=tuple(length_samples),

@@ -8,7 +8,8 @@ After one unrecorded warm-up round, every level gets the same `rounds`:
    so far), so that the levels bracket the crossing. No aim when a growth level already missed.
 3. The settled crossing: the level where the line through all of those reaches the SLO, measured too
    when it lies between the deepest level that met the SLO and the shallowest one that missed (or
-   beyond the aim, when the aim met) and was not measured yet. The depth is read off the line with it.
+   beyond the aim, when the aim met) and was not measured yet. The depth is read off the line with it,
+   within what the levels measured (`decide_profile_depth`).
 
 Levels never exceed `max_concurrency`; a level there that meets the SLO ends the profile. A pool whose
 first level misses still gets a second, so that a line (and the verdict "unusable") can be fitted.
@@ -22,7 +23,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from estimator.fit import DEFAULT_DEPTH_CAP, LinearFit, fit_linear
+from estimator.fit import DEFAULT_DEPTH_CAP, DepthDecision, LinearFit, decide_depth, fit_linear
 from estimator.rounds import LevelSample, MakeQuery, ProgressHook, Submit, measure_level, warm_up
 
 
@@ -99,6 +100,42 @@ def settle_level(samples: Sequence[LevelSample], slo: float, cap: int = DEFAULT_
     if not met < level < missed or level > cap or level in {s.concurrency for s in samples}:
         return None
     return level
+
+
+def measured_bracket(samples: Sequence[LevelSample], target: float) -> tuple[int, int | None]:
+    """(the deepest level that met `target` with every shallower level meeting it too, 0 if none;
+    the level just past it, which missed, or None when every level met)."""
+    levels = sorted({sample.concurrency for sample in samples})
+    met = 0
+    for level in levels:
+        if not all(s.p99 <= target for s in samples if s.concurrency == level):
+            return met, level
+        met = level
+    return met, None
+
+
+def decide_profile_depth(
+    samples: Sequence[LevelSample], fit: LinearFit, slo: float, cap: int = DEFAULT_DEPTH_CAP, headroom: float = 0.0
+) -> DepthDecision:
+    """The depth off the line (estimator.fit.decide_depth), kept within what the levels measured.
+
+    The line averages every level's noise, so it decides between the deepest level that met the target
+    and the shallowest that missed. Outside them a measured level contradicts it: one slow growth
+    level can steepen the line until it crosses below an aimed level that then met (bench/ESTIMATOR.md,
+    2026-11-27). Then the depth is that level; likewise at most one under a level that missed.
+    """
+    decision = decide_depth(fit, slo, cap=cap, headroom=headroom)
+    if decision.depth is None:
+        return decision
+    target = slo * (1 - headroom)
+    met, missed = measured_bracket(finite_samples(samples), target)
+    if decision.depth < met <= cap:
+        return DepthDecision(met, f"{decision.reason} = {decision.depth}, under C={met}, measured within "
+                             f"{target:.4g} s: the depth is that level")
+    if missed is not None and missed > 1 and decision.depth >= missed:
+        return DepthDecision(missed - 1, f"{decision.reason} = {decision.depth}, at or past C={missed}, measured "
+                             f"over {target:.4g} s: the depth is one under it")
+    return decision
 
 
 async def profile_pool(

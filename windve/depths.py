@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from estimator import DEFAULT_HEADROOM, Calibration, LengthFit, LinearFit, decide_depth
+from estimator import DEFAULT_HEADROOM, Calibration, LengthFit, LinearFit, decide_depth, decide_profile_depth
 from queue_manager.depth_control import p99
 from queue_manager.pool import TokenCharge
 
@@ -51,7 +51,7 @@ def depth_from_calibration(calibration: Calibration, pool: str, slo: float, orig
         depth, reason = entry.estimate, entry.reason
         token_budget = entry.token_budget
     except KeyError:
-        decision = decide_depth(measured.fit, slo, headroom=calibration.headroom)
+        decision = decide_profile_depth(measured.samples, measured.fit, slo, headroom=calibration.headroom)
         depth, reason, token_budget = decision.depth, decision.reason, None
     if depth is None:
         log.warning("pool %s cannot meet the %.3g s SLO (%s): it takes no queries", pool, slo, reason)

@@ -17,7 +17,15 @@ import pytest
 from estimator.fit import DEFAULT_HEADROOM, LinearFit, decide_depth
 from estimator.layouts import choose_layout
 from estimator.pipeline import fit_profile
-from estimator.profile import Profile, ProfileOptions, next_level, profile_pool, settle_level
+from estimator.profile import (
+    Profile,
+    ProfileOptions,
+    decide_profile_depth,
+    fit_samples,
+    next_level,
+    profile_pool,
+    settle_level,
+)
 from estimator.rounds import LevelSample, Progress, measure_interleaved, measure_level
 from estimator.simulated import ServiceTime, SimulatedPool, constant_query, run_virtual
 from estimator.stress import monotone_depth, stress_test
@@ -255,6 +263,29 @@ def test_settle_level_needs_a_bracket_and_a_crossing_not_yet_measured() -> None:
     assert settle_level(steep, 0.2) is None
     flat = [_sample(1, 0.01), _sample(50, 0.16), _sample(100, 0.19), _sample(110, 0.205)]
     assert settle_level(flat, 0.2) is None
+
+
+def test_the_profile_depth_stays_within_the_levels_it_measured() -> None:
+    # 2026-11-27's served run 1: a slow growth level steepened the line below the aimed level that met.
+    aim_met = [_sample(1, 0.04), _sample(4, 0.05), _sample(16, 0.08), _sample(64, 0.40), _sample(115, 0.47)]
+    fit = fit_samples(aim_met)
+    assert fit is not None and math.floor(fit.crossing(0.5)) < 115
+    decision = decide_profile_depth(aim_met, fit, 0.5)
+    assert decision.depth == 115 and "under C=115" in decision.reason
+    # With headroom the aimed level must meet the headroom's target to count: 0.47 s is over 0.425 s,
+    # so it is the shallowest miss and the line's answer stands only under it.
+    assert decide_profile_depth(aim_met, fit, 0.5, headroom=0.15).depth < 115
+    # The line past a level that missed (the steep pool of the settle test): one under that level.
+    steep = [_sample(1, 0.01), _sample(50, 0.02), _sample(60, 0.195), _sample(70, 0.25)]
+    steep_fit = fit_samples(steep)
+    assert steep_fit is not None and math.floor(steep_fit.crossing(0.2)) >= 70
+    assert decide_profile_depth(steep, steep_fit, 0.2).depth == 69
+    # Between the deepest level that met and the shallowest that missed, the line decides.
+    missed = [_sample(1, 0.0115), _sample(64, 0.0745), _sample(230, 0.2405)]
+    assert decide_profile_depth(missed, fit_samples(missed), 0.2).depth == 189
+    # A pool that cannot serve one query stays unusable.
+    slow = [_sample(1, 0.3), _sample(4, 0.4)]
+    assert decide_profile_depth(slow, fit_samples(slow), 0.2).depth is None
 
 
 def _stress(slos: Sequence[float], **kwargs):

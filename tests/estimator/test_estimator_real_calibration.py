@@ -29,9 +29,8 @@ import matplotlib.image
 import pytest
 
 from estimator.calibration import load_calibration
-from estimator.fit import decide_depth
 from estimator.pipeline import CalibrationOptions
-from estimator.profile import fit_samples, profile_pool
+from estimator.profile import decide_profile_depth, fit_samples, profile_pool
 from estimator.recheck import SpeedCheck, crossing_check, reference_level
 from estimator.rounds import measure_interleaved
 from tests.estimator.cli_runner import run_cli
@@ -80,7 +79,8 @@ def test_estimated_depth_meets_the_slo_and_one_and_a_half_times_it_does_not(cpu_
         profile = loop.run_until_complete(profile_pool(submit, runtime.make_query, SLO, defaults.profile, pool="cpu"))
         fit = fit_samples(profile.samples)
         cap = defaults.profile.max_concurrency
-        depth = decide_depth(fit, SLO, cap=cap, headroom=defaults.headroom).depth if fit else None
+        decision = decide_profile_depth(profile.samples, fit, SLO, cap=cap, headroom=defaults.headroom) if fit else None
+        depth = decision.depth if decision else None
         reference = reference_level(profile.samples, profile.settled)
         assert reference is not None, profile.samples  # the pool answered nothing: not a question of speed
         levels = [reference.concurrency] + ([depth, math.ceil(1.5 * depth)] if depth else [])
