@@ -51,6 +51,7 @@ class SloDepth:
     token_budget: int | None = None  # tokens in flight, from the length-aware fit
     stress_test: int | None = None
     capped: bool = False  # the estimate is --max-concurrency: the pool may hold the SLO deeper
+    bounded: bool = False  # a measured level overruled the formula (estimator.profile.decide_profile_depth)
 
 
 @dataclass(frozen=True)

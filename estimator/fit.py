@@ -108,6 +108,7 @@ class DepthDecision:
     depth: int | None
     reason: str
     capped: bool = False
+    bounded: bool = False  # set by estimator.profile.decide_profile_depth: a measured level overruled the line
 
 
 def _nonnegative_least_squares(columns: np.ndarray, latency: np.ndarray) -> tuple[np.ndarray, float]:

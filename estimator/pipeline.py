@@ -60,6 +60,7 @@ def _depth(options: CalibrationOptions, slo: float, samples: Sequence[LevelSampl
         estimate=decision.depth,
         reason=decision.reason,
         capped=decision.capped,
+        bounded=decision.bounded,
         token_budget=token_budget_for_slo(lengths, slo, headroom=options.headroom) if lengths else None,
         stress_test=stress.depth_for(slo) if stress is not None else None,
     )

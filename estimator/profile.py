@@ -131,10 +131,10 @@ def decide_profile_depth(
     met, missed = measured_bracket(finite_samples(samples), target)
     if decision.depth < met <= cap:
         return DepthDecision(met, f"{decision.reason} = {decision.depth}, under C={met}, measured within "
-                             f"{target:.4g} s: the depth is that level")
+                             f"{target:.4g} s: the depth is that level", bounded=True)
     if missed is not None and missed > 1 and decision.depth >= missed:
         return DepthDecision(missed - 1, f"{decision.reason} = {decision.depth}, at or past C={missed}, measured "
-                             f"over {target:.4g} s: the depth is one under it")
+                             f"over {target:.4g} s: the depth is one under it", bounded=True)
     return decision
 
 

@@ -90,7 +90,7 @@ def format_report(calibration: Calibration) -> str:
         if moved is not None:
             lines.append(f"  {name}: {moved.describe()}")
         for entry in pool.depths:
-            if entry.estimate is None:
+            if entry.estimate is None or entry.bounded:
                 lines.append(f"  {name} at {entry.slo:g} s: {entry.reason}")
             elif entry.capped:
                 lines.append(

@@ -271,7 +271,7 @@ def test_the_profile_depth_stays_within_the_levels_it_measured() -> None:
     fit = fit_samples(aim_met)
     assert fit is not None and math.floor(fit.crossing(0.5)) < 115
     decision = decide_profile_depth(aim_met, fit, 0.5)
-    assert decision.depth == 115 and "under C=115" in decision.reason
+    assert decision.depth == 115 and decision.bounded and "under C=115" in decision.reason
     # With headroom the aimed level must meet the headroom's target to count: 0.47 s is over 0.425 s,
     # so it is the shallowest miss and the line's answer stands only under it.
     assert decide_profile_depth(aim_met, fit, 0.5, headroom=0.15).depth < 115
@@ -282,7 +282,8 @@ def test_the_profile_depth_stays_within_the_levels_it_measured() -> None:
     assert decide_profile_depth(steep, steep_fit, 0.2).depth == 69
     # Between the deepest level that met and the shallowest that missed, the line decides.
     missed = [_sample(1, 0.0115), _sample(64, 0.0745), _sample(230, 0.2405)]
-    assert decide_profile_depth(missed, fit_samples(missed), 0.2).depth == 189
+    between = decide_profile_depth(missed, fit_samples(missed), 0.2)
+    assert between.depth == 189 and not between.bounded
     # A pool that cannot serve one query stays unusable.
     slow = [_sample(1, 0.3), _sample(4, 0.4)]
     assert decide_profile_depth(slow, fit_samples(slow), 0.2).depth is None

@@ -52,7 +52,10 @@ def make_calibration() -> Calibration:
         samples=samples,
         fit=LinearFit(0.02, 0.01, 0.998, 4),
         profile_seconds=3.25,
-        depths=(SloDepth(0.5, 24, "floor(...)", 1800, 0), SloDepth(1.0, 49, "floor(...)", 3700, 8)),
+        depths=(
+            SloDepth(0.5, 24, "floor(...)", 1800, 0),
+            SloDepth(1.0, 49, "floor(...) = 47, under C=49, measured within 1 s", 3700, 8, bounded=True),
+        ),
         profile_stop="p99 inf s > SLO 1 s at C=16",
         length_fit=LengthFit(2e-4, 1e-3, 0.01, 0.99, 9, 16, 256),
         length_samples=(_sample(1, 0.01, tokens=16), _sample(2, 0.015, tokens=16)),
@@ -192,6 +195,7 @@ def test_report_is_a_table_iii_like_summary() -> None:
     assert "cpu recheck: C=8 took 1.24x its profile tail" in text and "--headroom 0.2" in text
     assert "accelerator at 1 s: capped at 256: the pool may hold the SLO deeper" in text
     assert "accelerator at 0.5 s" not in text and "larger --max-concurrency" in text
+    assert "cpu at 1 s: floor(...) = 47, under C=49" in text and "cpu at 0.5 s" not in text
 
 
 def test_pipeline_calibrates_simulated_pools_into_a_valid_file(tmp_path: Path) -> None:
