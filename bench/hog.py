@@ -44,7 +44,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.time_split import snapshot  # noqa: E402
+from bench.time_split import snapshot, split  # noqa: E402
 from tests.servers import free_port  # noqa: E402
 
 LAG_TICK = 0.01  # seconds between the client's lateness samples
@@ -81,11 +81,8 @@ async def loop_lag(stop: asyncio.Event, lags: list[tuple[float, float]]) -> None
 
 def over_share(before, after) -> float | None:
     """The share of the service's 200s between two /metrics snapshots that were over the SLO's bound."""
-    answered = after.sums.get("windve_request_seconds", (0.0, 0.0))[1] - before.sums.get(
-        "windve_request_seconds", (0.0, 0.0))[1]
-    if answered <= 0:
-        return None
-    return (answered - (after.within - before.within)) / answered
+    over = split(before, after).get("over_slo")  # (over, answered, bound); absent when none was answered
+    return over[0] / over[1] if over else None
 
 
 def depth_of(url: str) -> tuple[int, float | None]:
