@@ -20,7 +20,8 @@ misses the SLO (to the target, at most halving per step); drifts it down toward 
 `up_step` per step, while the tail is inside the SLO but not its headroom; raises it toward the target,
 at most `up_step` per step, while the tail of the requests admitted at least an SLO ago is inside the
 headroom at 95 % confidence (an upper bound on their true p99, which needs 299 answers or more) and
-the pool was full (elsewhere a deeper queue changes nothing and shows nothing). It stays
+those of them admitted since the pool was full say so too (elsewhere a deeper queue changes
+nothing and shows nothing). It stays
 within [1, seed x cap], the seed being the calibrated or probed depth.
 """
 
@@ -257,9 +258,10 @@ class DepthController:
         self.current_p99 = p99([sample.seconds for sample in self.recent]) if self.recent else None
 
     def step(
-        self, depth: int, was_full: bool, now: float, overdue: Iterable[tuple[float, int]] = ()
+        self, depth: int, full_since: float | None, now: float, overdue: Iterable[tuple[float, int]] = ()
     ) -> Move | None:
-        """The depth to move to, or None to hold. `was_full`: the pool lacked room since the last move.
+        """The depth to move to, or None to hold. `full_since`: when the pool first lacked room since
+        the last move (None: it has not).
         `overdue`: (admitted, concurrency) of the pool's requests admitted more than an SLO ago and
         not answered yet."""
         self.refresh(now)
@@ -284,8 +286,8 @@ class DepthController:
         elif tail >= comfortable and target <= depth - below:
             new = max(target, min(depth - 1, math.floor(depth * (1 - settings.up_step))))
             why = f"p99 {tail:.3f} s >= {comfortable:.3f} s; C* = {target}"
-        elif tail < comfortable and was_full:
-            target = self._rise_target(depth, evidence, since_cut, now)
+        elif tail < comfortable and full_since is not None:
+            target = self._rise_target(depth, evidence, since_cut, now, full_since)
             if target is None:
                 return None
             if target < min(depth + above, self.ceiling) or target <= depth:
@@ -312,14 +314,19 @@ class DepthController:
             self._rises.append((now, depth))
         return Move(new, "up" if new > depth else "down", why)
 
-    def _rise_target(self, depth: int, evidence: list[Sample], since_cut: list[Sample], now: float) -> int | None:
+    def _rise_target(
+        self, depth: int, evidence: list[Sample], since_cut: list[Sample], now: float, full_since: float
+    ) -> int | None:
         """The depth a rise may aim at, or None while the answers cannot vouch for one.
 
         Only requests admitted at least an SLO ago may vouch. Of those admitted since a move, the
         ones answered so far are the fast ones; the slow ones are still running. Judged that
         early, a cut that had not yet shown looked like room, and the depth rose again under a
         tail still over the SLO. So those admitted at the depth in force an SLO ago or more
-        (`min_samples` at least) must have a p99 inside the headroom.
+        (`min_samples` at least), and since the pool was full, must have a p99 inside the
+        headroom. Answers admitted before it filled vouch for less than the depth: under clients
+        fewer than the depth the depth rose on them, and the next level's clients, the first
+        to fill the pool, met a depth no answer had tried (bench/DEPTH_CONTROL.md).
 
         And the p99 of a hundred or two answers is their slowest or second slowest: aimed by it, a
         rise went past where the true tail meets the headroom whenever the slowest few happened to
@@ -332,9 +339,12 @@ class DepthController:
         and the time with it far less (bench/DEPTH_CONTROL.md)."""
         settings = self.settings
         comfortable = settings.slo * (1 - settings.headroom)
-        aged_now = [sample.seconds for sample in evidence if sample.admitted <= now - settings.slo]
+        aged_now = [sample.seconds for sample in evidence if full_since <= sample.admitted <= now - settings.slo]
         if len(aged_now) < settings.min_samples:
-            self.holding = f"{len(aged_now)} answers admitted at depth {depth} an SLO ago; {settings.min_samples} vouch"
+            self.holding = (
+                f"{len(aged_now)} answers admitted at depth {depth} since the pool filled, an SLO ago; "
+                f"{settings.min_samples} vouch"
+            )
             return None
         if (tail := p99(aged_now)) >= comfortable:
             self.holding = f"p99 {tail:.3f} s of the answers admitted at depth {depth} an SLO ago"

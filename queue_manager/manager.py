@@ -202,8 +202,9 @@ class QueueManager:
         room), and a pool whose refusals were all made here held its depth for seconds under
         clients enough to fill it (bench/DEPTH_CONTROL.md). Remote front ends refuse from the
         state board and say so with their next request (dispatcher/server.py)."""
+        now = self._now()
         for pool in self.serving_pools():
-            pool.was_full = True
+            pool.note_full(now)
 
     def _refuse_if_draining(self, wanted: int) -> None:
         if self.draining:
@@ -224,7 +225,7 @@ class QueueManager:
             if pool.token_budget is not None and take:
                 take = self._fit_tokens(pool, sequences[start : start + take])
             if take < left:
-                pool.was_full = True
+                pool.note_full(self._now())
             if take:
                 shares.append((pool, take))
                 left -= take
@@ -300,7 +301,7 @@ class QueueManager:
             target.track(request, target.in_flight)
             if target.in_flight >= target.depth:
                 # Filled: what comes next is refused, maybe by a front end that never asks here.
-                target.was_full = True
+                target.note_full(now)
         request.admitted = index
         if len(shares) > 1:
             request.finished = {}
@@ -339,7 +340,7 @@ class QueueManager:
             if pool.token_budget is not None and take:
                 take = self._fit_tokens(pool, sequences[start : start + take])
             if take < left:
-                pool.was_full = True
+                pool.note_full(now)
             for index in range(start, start + take):
                 query = Query(request, index, sequences[index], pool, bulk=True)
                 query.enqueued = now
@@ -737,7 +738,7 @@ class QueueManager:
             if self.depth_control != "adaptive":
                 control.refresh(now)
                 continue
-            move = control.step(pool.depth, pool.was_full, now, overdue)
+            move = control.step(pool.depth, pool.full_since, now, overdue)
             if move is not None:
                 self._apply(pool, move)
                 moves.append((pool.name, move))
@@ -750,7 +751,7 @@ class QueueManager:
         if pool.seed_token_budget is not None:
             # The token budget bounds the same latency as the depth: it follows in proportion.
             pool.token_budget = max(1, round(pool.seed_token_budget * move.depth / max(1, pool.seed_depth)))
-        pool.was_full = False
+        pool.full_since = None
         (pool.metrics.depth_up if move.direction == "up" else pool.metrics.depth_down).inc()
 
     # ---- introspection ---------------------------------------------------------------

@@ -184,9 +184,10 @@ class Pool:
     # control starts from and scales the token budget by.
     seed_depth: int = 0
     seed_token_budget: int | None = None
-    # Set when the pool filled up or could not take all a request offered it, cleared when its depth moves:
-    # a deeper queue only matters (and only shows its latency) where the pool was full.
-    was_full: bool = False
+    # When the pool first filled up or could not take all a request offered it since its depth last
+    # moved (None: not since): a deeper queue only matters, and only shows its latency, where the
+    # pool was full, so only requests admitted from then on vouch for a rise.
+    full_since: float | None = None
     metrics: object = None  # queue_manager.metrics.PoolMetrics, set by the manager
     control: object = None  # queue_manager.depth_control.DepthController, set by the manager
     # Recent batches' charge when padded to their longest query over their charge by own
@@ -196,6 +197,10 @@ class Pool:
     # Interactive requests in admission order, with the pool's in-flight queries at their admission,
     # until answered or abandoned: depth control counts those unanswered after an SLO (`overdue`).
     pending: deque[tuple[Request, int]] = field(default_factory=deque)
+
+    def note_full(self, now: float) -> None:
+        if self.full_since is None:
+            self.full_since = now
 
     def track(self, request: Request, concurrency: int) -> None:
         """Note an admitted interactive request for `overdue`. The settled ones at the front are

@@ -111,13 +111,13 @@ def test_a_tail_over_the_slo_cuts_the_depth_at_once_but_at_most_by_half():
     clock = Clock()
     controller = DepthController(SETTINGS, seed=40, now=0.0)
     feed(controller, clock, 40, 1.2)
-    move = controller.step(40, was_full=True, now=clock.now)
+    move = controller.step(40, full_since=0.0, now=clock.now)
     # The tail says 40 * 0.85 / 1.2 = 28 would meet the SLO with its headroom.
     assert (move.depth, move.direction) == (28, "down") and "p99 1.200 s > SLO" in move.reason
     feed(controller, clock, 28, 100.0)  # far over: at most half per step, never under 1
     depths = [28]
     for _ in range(8):
-        move = controller.step(depths[-1], was_full=True, now=clock.now)
+        move = controller.step(depths[-1], full_since=0.0, now=clock.now)
         depths.append(move.depth if move else depths[-1])
         feed(controller, clock, depths[-1], 100.0)
     assert depths == [28, 14, 7, 4, 2, 1, 1, 1, 1]
@@ -128,10 +128,10 @@ def test_the_depth_rises_in_bounded_steps_only_where_the_pool_was_full_and_never
     controller = DepthController(SETTINGS, seed=10, now=0.0)  # ceiling 20
     depth = 10
     feed(controller, clock, depth, 0.1)
-    assert controller.step(depth, was_full=False, now=clock.now) is None  # room to spare: no evidence
+    assert controller.step(depth, full_since=None, now=clock.now) is None  # room to spare: no evidence
     seen, rises = [], [0.0]
     for _ in range(200):
-        move = controller.step(depth, was_full=True, now=clock.now)
+        move = controller.step(depth, full_since=0.0, now=clock.now)
         if move:
             assert move.direction == "up" and move.depth <= max(depth + 1, int(depth * 1.1))
             # A rise waits for answers admitted at least an SLO after the last move (the early
@@ -144,30 +144,46 @@ def test_the_depth_rises_in_bounded_steps_only_where_the_pool_was_full_and_never
     assert seen[-1] == 20 == controller.ceiling
 
 
+def test_only_answers_admitted_since_the_pool_filled_vouch_for_a_rise():
+    # 36 clients at depth 40: comfortable answers, but none of them had 40 queries ahead. When more
+    # clients come and fill the pool, those answers say nothing of the depth they now meet.
+    clock = Clock()
+    controller = DepthController(SETTINGS, seed=40, now=0.0)
+    feed(controller, clock, 36, 0.3, count=400)
+    clock.now += SETTINGS.slo
+    filled = clock.now
+    assert controller.step(40, full_since=filled, now=clock.now) is None
+    holding = controller.snapshot(clock.now)["holding"]
+    assert holding == "0 answers admitted at depth 40 since the pool filled, an SLO ago; 10 vouch"
+    feed(controller, clock, 40, 0.3, count=10)  # admitted once it was full, answered within the headroom
+    clock.now += SETTINGS.slo
+    assert controller.step(40, full_since=filled, now=clock.now).direction == "up"
+
+
 def test_a_cut_is_not_undone_by_the_first_fast_answers_after_it():
     # After a cut, the requests admitted since and already answered are the fast ones: a rise
     # judged on them alone would undo the cut while the tail is still over the SLO.
     clock = Clock()
     controller = DepthController(SETTINGS, seed=40, now=0.0)
     feed(controller, clock, 40, 1.2)
-    cut = controller.step(40, was_full=True, now=clock.now)
+    cut = controller.step(40, full_since=0.0, now=clock.now)
     assert cut.direction == "down"
     for _ in range(5):  # fast answers of requests admitted just now
         feed(controller, clock, cut.depth, 0.05)
-        assert controller.step(cut.depth, was_full=True, now=clock.now) is None
+        assert controller.step(cut.depth, full_since=0.0, now=clock.now) is None
 
 
 def test_a_step_waits_for_answers_admitted_at_the_depth_in_force():
     clock = Clock()
     controller = DepthController(SETTINGS, seed=40, now=0.0)
     feed(controller, clock, 40, 2.0)
-    assert controller.step(40, was_full=True, now=clock.now).depth < 40
+    assert controller.step(40, full_since=0.0, now=clock.now).depth < 40
     # The answers of requests admitted before the cut say nothing of the new depth: no second cut.
     for _ in range(10):
         controller.observe(40, 2.0, admitted=clock.now - 3.0, now=clock.now)
-    assert controller.step(20, was_full=True, now=clock.now + 0.5) is None
+    assert controller.step(20, full_since=0.0, now=clock.now + 0.5) is None
     feed(controller, clock, 9, 1.0, count=5)  # fewer than min_samples
-    assert controller.step(20, was_full=True, now=clock.now) is None
+    assert controller.step(20, full_since=0.0, now=clock.now) is None
 
 
 def test_requests_still_running_past_the_slo_count_in_the_tail_at_their_age():
@@ -178,7 +194,7 @@ def test_requests_still_running_past_the_slo_count_in_the_tail_at_their_age():
         controller = DepthController(SETTINGS, seed=40, now=0.0)
         feed(controller, clock, 40, 0.3, count=answers)
         clock.now += SETTINGS.slo  # 1.3 s after they were admitted
-        return controller.step(40, was_full=True, now=clock.now, overdue=overdue)
+        return controller.step(40, full_since=0.0, now=clock.now, overdue=overdue)
 
     assert stepped(400, []).direction == "up"
     # 1 in 401, each 1.3 s old so far: inside the p99, no cut; but 401 answers cannot rule out
@@ -199,7 +215,7 @@ def test_a_rise_needs_the_tails_upper_bound_inside_the_headroom():
                 controller.observe(40, seconds, admitted=0.0, now=seconds)
         clock.now = 0.9 + SETTINGS.slo
         assert p99([0.4] * fast + [0.9] * slow) == 0.4  # what the p99 alone would rise on
-        return controller.step(40, was_full=True, now=clock.now)
+        return controller.step(40, full_since=0.0, now=clock.now)
 
     assert stepped(fast=396, slow=4) is None
     assert stepped(fast=990, slow=10) is None  # more answers, the same tail: still no
@@ -219,12 +235,12 @@ def test_every_depth_since_the_last_fall_vouches_for_a_rise_in_proportion_to_it(
     controller = DepthController(SETTINGS, seed=60, now=0.0)
     answered(controller, 36, 300, admitted=0.0)
     risen_at = 0.54 + SETTINGS.slo
-    first = controller.step(36, was_full=True, now=risen_at)
+    first = controller.step(36, full_since=0.0, now=risen_at)
     assert (first.direction, first.depth) == ("up", 39)
     # 150 answers at the new depth: too few to bound a p99 alone; with the 300 before, each per
     # unit of the depth it was admitted at, enough.
     answered(controller, 39, 150, admitted=risen_at)
-    second = controller.step(39, was_full=True, now=risen_at + 0.585 + SETTINGS.slo)
+    second = controller.step(39, full_since=0.0, now=risen_at + 0.585 + SETTINGS.slo)
     assert (second.direction, second.depth) == ("up", 42)
 
 
@@ -232,18 +248,18 @@ def test_the_snapshot_says_why_the_depth_holds():
     clock = Clock()
     controller = DepthController(SETTINGS, seed=40, now=0.0)
     feed(controller, clock, 40, 0.3, count=5)
-    assert controller.step(40, was_full=True, now=clock.now) is None
+    assert controller.step(40, full_since=0.0, now=clock.now) is None
     assert controller.snapshot(clock.now)["holding"] == "5 answers at depth 40 so far; 10 judge it"
     feed(controller, clock, 40, 0.3, count=100)
     clock.now += SETTINGS.slo
-    assert controller.step(40, was_full=False, now=clock.now) is None
+    assert controller.step(40, full_since=None, now=clock.now) is None
     assert "room to spare" in controller.snapshot(clock.now)["holding"]
-    assert controller.step(40, was_full=True, now=clock.now) is None
+    assert controller.step(40, full_since=0.0, now=clock.now) is None
     holding = controller.snapshot(clock.now)["holding"]
     assert holding == "105 answers since the last fall; a 95 % bound on the p99 needs 299"
     feed(controller, clock, 40, 0.3, count=200)
     clock.now += SETTINGS.slo
-    assert controller.step(40, was_full=True, now=clock.now).direction == "up"
+    assert controller.step(40, full_since=0.0, now=clock.now).direction == "up"
     assert controller.snapshot(clock.now)["holding"] is None
 
 
@@ -285,12 +301,12 @@ def test_a_pool_refused_for_room_that_is_promised_counts_as_full():
         accelerator, cpu_pool = qm.pools
         qm.admit(queries([1, 2, 3]))
         qm.admit(queries([4, 5]))  # the accelerator full, one on the CPU pool
-        accelerator.was_full = cpu_pool.was_full = False  # as after a move
+        accelerator.full_since = cpu_pool.full_since = None  # as after a move
         qm.check_room(1, promised=2)  # 3 free on the CPU pool
-        assert not cpu_pool.was_full
+        assert cpu_pool.full_since is None
         with pytest.raises(Busy):
             qm.check_room(1, promised=3)
-        assert accelerator.was_full and cpu_pool.was_full
+        assert accelerator.full_since == cpu_pool.full_since == clock.now
         await qm.close()
 
     asyncio.run(scenario())
@@ -400,7 +416,7 @@ def test_only_adaptive_mode_moves_depths_and_both_show_the_live_fit(mode):
         acc, cpu, qm, clock = await two_pools(depth_control=mode)
         qm.set_depth("accelerator", 4, token_budget=400, token_charge=TokenCharge())
         pool = qm.pools[0]
-        pool.was_full = True
+        pool.full_since = clock.now
         for level in (2, 4):
             for _ in range(10):
                 pool.control.observe(level, 1.5 * level, admitted=clock.now, now=clock.now)
@@ -498,5 +514,5 @@ def test_answers_that_took_no_time_let_the_depth_rise_without_dividing_by_zero()
     controller = DepthController(SETTINGS, seed=10, now=0.0)
     feed(controller, clock, 10, 0.0, count=300)
     clock.now += SETTINGS.slo
-    move = controller.step(10, was_full=True, now=clock.now)
+    move = controller.step(10, full_since=0.0, now=clock.now)
     assert move is not None and move.direction == "up" and move.depth == 11
