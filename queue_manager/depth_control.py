@@ -347,7 +347,9 @@ class DepthController:
             )
             return None
         if (tail := p99(aged_now)) >= comfortable:
-            self.holding = f"p99 {tail:.3f} s of the answers admitted at depth {depth} an SLO ago"
+            self.holding = (
+                f"p99 {tail:.3f} s of the answers admitted at depth {depth} since the pool filled, an SLO ago"
+            )
             return None
         vouching = [
             sample.seconds / self._depth_at(sample.admitted, depth)
