@@ -276,7 +276,7 @@ async def simulated_pools(names: list[str] | None, padded: bool) -> AsyncIterato
             await server.close()
 
 
-async def service_pools(names: list[str] | None, served: bool, timeout: float | None) -> AsyncIterator[Pool]:
+async def service_pools(names: list[str] | None, served: bool) -> AsyncIterator[Pool]:
     """Each pool of this machine's plan alone, as `windve calibrate` opens it (over HTTP with `served`)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import devices
@@ -292,7 +292,7 @@ async def service_pools(names: list[str] | None, served: bool, timeout: float | 
     spec = load_model_spec(settings.model, settings.revision, settings.trust_remote_code)
     texts = ExactLengthTexts(load_fast_tokenizer(spec.path))
     plan = make_plan(settings, devices.detect_hardware(settings.sysfs_root))
-    open_served = served_pool_opener(texts, timeout)
+    open_served = served_pool_opener(texts)
     for name in names or [pool.name for pool in plan.pools]:
         alone = pool_settings(settings, plan, name)
         if served:
@@ -344,7 +344,7 @@ def main() -> None:
     where_from = "served over HTTP" if args.served else "the runtime in-process" if args.in_process else "simulated"
     print(f"bench/estimator.py: {where_from} pools, p99 tails; a shared, loaded machine")
     if real:
-        asyncio.run(body(service_pools(names, args.served, options.request_timeout)))
+        asyncio.run(body(service_pools(names, args.served)))
         return
     run_virtual(body(simulated_pools(names, padded=False)))
     if "mixed" in sections:

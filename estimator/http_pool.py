@@ -8,17 +8,17 @@ Every text is different, so that an embedding cache cannot answer for the model.
 
 from __future__ import annotations
 
+import json
 import random
 import re
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Sequence
 from typing import Any
 
-import httpx
 import numpy as np
 from tokenizers import Tokenizer
 
+from estimator.raw_http import ConnectionPool, NoAnswer
 from estimator.rounds import Submit
 
 _WORD = re.compile(r"^[a-z]{3,12}$")
@@ -85,73 +85,32 @@ class ExactLengthTexts:
             return self._tokenizer.decode([int(i) for i in ids], skip_special_tokens=True)
 
 
-class ClientPerRequest:
-    """httpx clients of one connection each, one lent to every request in flight, kept and lent again.
-
-    One client holding C connections searches its pool on every request, at a CPU cost that grows with
-    C, spent on the cores the server shares when both run on one host: it was timed as server latency
-    (figures: bench/ESTIMATOR.md, "The HTTP client").
-    """
-
-    def __init__(self, **client_options: Any) -> None:
-        # Each client would load the CA certificates again, inside the timed round that first needs
-        # it; one context, verifying as httpx does by default, serves them all.
-        self._options = {"verify": httpx.create_ssl_context(), **client_options}
-        self._idle: list[httpx.AsyncClient] = []
-        self._all: list[httpx.AsyncClient] = []
-
-    @property
-    def created(self) -> int:
-        return len(self._all)
-
-    @asynccontextmanager
-    async def lend(self) -> AsyncIterator[httpx.AsyncClient]:
-        if self._idle:
-            client = self._idle.pop()
-        else:
-            client = httpx.AsyncClient(**self._options)
-            self._all.append(client)
-        try:
-            yield client
-        finally:
-            self._idle.append(client)
-
-    async def aclose(self) -> None:
-        for client in self._all:
-            await client.aclose()
-        self._all.clear()
-        self._idle.clear()
-
-    async def __aenter__(self) -> ClientPerRequest:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
-
-
-def http_submitter(clients: ClientPerRequest, base_url: str, text_of: Callable[[np.ndarray], str]) -> Submit:
-    """POST {"inputs": text} to base_url/embed; any status >= 400 (429 = BUSY) raises ServerRefused."""
-    endpoint = base_url.rstrip("/") + "/embed"
+def http_submitter(
+    pool: ConnectionPool, text_of: Callable[[np.ndarray], str], headers: dict[str, str] | None = None
+) -> Submit:
+    """POST {"inputs": text} to the pool's target + /embed, each request in flight on a connection of its
+    own (estimator.raw_http: an httpx client per connection was the bottleneck on a GPU host); any status
+    >= 400 (429 = BUSY) raises ServerRefused."""
+    target = pool.target
 
     async def submit(sequences: Sequence[np.ndarray]) -> Any:
         texts = [text_of(sequence) for sequence in sequences]
-        async with clients.lend() as client:
-            response = await client.post(endpoint, json={"inputs": texts[0] if len(texts) == 1 else texts})
-        if response.status_code == 429:
+        body = json.dumps({"inputs": texts[0] if len(texts) == 1 else texts}).encode()
+        status, answer = await pool.exchange(target.request("POST", "/embed", body, headers))
+        if status == 429:
             raise ServerRefused("HTTP 429: the server is busy (its queues are full)")
-        if response.status_code >= 400:
-            raise ServerRefused(f"HTTP {response.status_code}: {response.text[:200]}")
-        return response.content
+        if status >= 400:
+            raise ServerRefused(f"HTTP {status}: {answer[:200].decode(errors='replace')}")
+        return answer
 
     return submit
 
 
-async def server_info(clients: ClientPerRequest, base_url: str) -> dict[str, Any]:
+async def server_info(pool: ConnectionPool, headers: dict[str, str] | None = None) -> dict[str, Any]:
     """The server's GET /info as a dict; {} if it has none or answers badly."""
     try:
-        async with clients.lend() as client:
-            response = await client.get(base_url.rstrip("/") + "/info")
-        info = response.json() if response.status_code == 200 else {}
-    except (httpx.HTTPError, ValueError):
+        status, answer = await pool.exchange(pool.target.request("GET", "/info", headers=headers))
+        info = json.loads(answer) if status == 200 else {}
+    except (NoAnswer, ValueError):
         return {}
     return info if isinstance(info, dict) else {}

@@ -12,14 +12,11 @@ Which process runs it: with one front end, that front end's own process, once uv
 said it serves. The front end admits the probe's requests like any other; the runtime pins them to
 the probed pool by giving the other pools no room meanwhile (`Runtime._pinned`).
 
-The client is raw asyncio streams: one kept-alive connection per query in flight, opened before
-the round, and each request encoded before the clock starts; a round costs it one write and two
-reads per query. It runs on the same event loop as the front end (one process) or the dispatcher
-(several), so whatever it costs is timed as service latency. Against a trivial server, on a
-shared 2-core machine, the raw client spent 60 us of CPU per request one at a time and 13 us at
-64 at once; one httpx.AsyncClient spent 590 us and 5 ms (its objects, and its connection pool's
-search, which grows with the connections in use). A client's connection fails the round at the
-first answer other than 200; the round still waits for every other client to end.
+The client is estimator.raw_http's: one kept-alive connection per query in flight, opened before the
+round, and each request encoded before the clock starts. It runs on the same event loop as the
+front end (one process) or the dispatcher (several), so whatever it costs is timed as service
+latency; that module says what it costs. A client's connection fails the round at the first
+answer other than 200; the round still waits for every other client to end.
 """
 
 from __future__ import annotations
@@ -32,14 +29,10 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from estimator.raw_http import Connection, ConnectionPool, NoAnswer, Target
 from windve.depths import PROBE_TOKENS, DepthSource, probe_rounds
 
 Address = tuple[str, int]
-
-# uvicorn closes a keep-alive connection idle for 5 s: one idle for this long is opened again
-# before a round rather than risk being closed during it.
-IDLE_LIMIT = 2.0
-
 
 class ProbeFailed(RuntimeError):
     """The HTTP probe got no answer, or an answer other than 200: the caller probes in-process."""
@@ -101,65 +94,26 @@ def exact_length_texts(model_path: Path, tokens: int = PROBE_TOKENS) -> Callable
 
 
 def _request(address: Address, text: str, api_key: str | None) -> bytes:
-    host, port = address
-    body = json.dumps({"inputs": text}).encode()
-    lines = [
-        "POST /embed HTTP/1.1",
-        f"Host: {f'[{host}]' if ':' in host else host}:{port}",
-        "Content-Type: application/json",
-        f"Content-Length: {len(body)}",
-        "Cache-Control: no-cache, no-store",  # random texts: nothing to find, nothing worth keeping
-    ]
+    headers = {"Cache-Control": "no-cache, no-store"}  # random texts: nothing to find, nothing worth keeping
     if api_key:
-        lines.append(f"Authorization: Bearer {api_key}")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
-
-
-class _Connection:
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader, self.writer = reader, writer
-        self.used = time.monotonic()
-
-    def fresh(self, now: float) -> bool:
-        return now - self.used < IDLE_LIMIT and not self.reader.at_eof() and not self.writer.is_closing()
-
-    async def post(self, request: bytes) -> None:
-        """Send one request and read its whole answer; ProbeFailed unless it is a 200."""
-        try:
-            self.writer.write(request)
-            head = await self.reader.readuntil(b"\r\n\r\n")
-            body = await self.reader.readexactly(_content_length(head))
-        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as error:
-            raise ProbeFailed(f"no answer from the front end: {error!r}") from None
-        self.used = time.monotonic()
-        if not head.startswith(b"HTTP/1.1 200 "):
-            status = head.split(b"\r\n", 1)[0].decode(errors="replace")
-            raise ProbeFailed(f"the front end answered {status}: {body[:200].decode(errors='replace')}")
-
-    def close(self) -> None:
-        self.writer.close()
-
-
-def _content_length(head: bytes) -> int:
-    for line in head.split(b"\r\n")[1:]:
-        name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length":
-            return int(value)
-    raise ProbeFailed(f"an answer without Content-Length: {head[:200]!r}")
+        headers["Authorization"] = f"Bearer {api_key}"
+    return Target(*address).request("POST", "/embed", json.dumps({"inputs": text}).encode(), headers)
 
 
 class _Client:
     """Closed-loop rounds of POSTs, each client on a kept-alive connection of its own."""
 
     def __init__(self, address: Address, requests: Iterator[bytes]) -> None:
-        self.address = address
+        self.pool = ConnectionPool(Target(*address))
         self.requests = requests
-        self.idle: list[_Connection] = []
 
     async def closed_loop(self, clients: int, queries: int) -> list[float]:
         """`clients` connections, each posting `queries` requests back to back; every answer's latency,
         in the order the answers came."""
-        connections = await self._connections(clients)  # before the clock: no connect is timed
+        try:
+            connections = await self.pool.connections(clients)  # before the clock: no connect is timed
+        except NoAnswer as error:
+            raise ProbeFailed(str(error)) from None
         # Off the loop: making hundreds of exact-length texts takes the tokenizer a while, and with
         # several front ends this loop is the dispatcher's, whose state board must stay fresh.
         requests = await asyncio.to_thread(
@@ -167,35 +121,25 @@ class _Client:
         )
         answered: list[float] = []
 
-        async def client(connection: _Connection, own: list[bytes]) -> None:
+        async def client(connection: Connection, own: list[bytes]) -> None:
             for request in own:
                 started = time.perf_counter()
-                await connection.post(request)
+                try:
+                    status, body = await connection.exchange(request)
+                except NoAnswer as error:
+                    connection.close()
+                    raise ProbeFailed(f"no answer from the front end: {error}") from None
                 answered.append(time.perf_counter() - started)
+                if status != 200:
+                    raise ProbeFailed(f"the front end answered {status}: {body[:200].decode(errors='replace')}")
 
         # Every request ends (answered or failed) before the round does: no stray reads are left.
         outcomes = await asyncio.gather(*map(client, connections, requests), return_exceptions=True)
+        self.pool.keep(connections)  # a closed one is dropped when next taken
         for outcome in outcomes:
             if isinstance(outcome, BaseException):
                 raise outcome
         return answered
 
-    async def _connections(self, count: int) -> list[_Connection]:
-        now = time.monotonic()
-        kept = [connection for connection in self.idle if connection.fresh(now)]
-        for connection in self.idle:
-            if connection not in kept:
-                connection.close()
-        try:
-            while len(kept) < count:
-                kept.append(_Connection(*await asyncio.open_connection(*self.address)))
-        except OSError as error:
-            raise ProbeFailed(f"cannot connect to {self.address[0]}:{self.address[1]}: {error}") from None
-        finally:
-            self.idle = kept
-        return kept[:count]
-
     def close(self) -> None:
-        for connection in self.idle:
-            connection.close()
-        self.idle = []
+        self.pool.close()

@@ -7,7 +7,8 @@ import asyncio
 import pytest
 from tokenizers import Tokenizer
 
-from estimator.http_pool import ClientPerRequest, ExactLengthTexts, http_submitter, server_info
+from estimator.http_pool import ExactLengthTexts, http_submitter, server_info
+from estimator.raw_http import ConnectionPool, Target
 from estimator.rounds import run_round
 from windve.model import ModelSpec
 
@@ -46,13 +47,16 @@ def test_submitter_posts_texts_and_turns_429_into_a_miss(sim_server_factory, tok
     texts = ExactLengthTexts(tokenizer)
 
     async def body():
-        async with ClientPerRequest() as clients:
-            info = await server_info(clients, server.url)
-            submit = http_submitter(clients, server.url, texts.text_of)
+        connections = ConnectionPool(Target.from_url(server.url))
+        try:
+            info = await server_info(connections)
+            submit = http_submitter(connections, texts.text_of)
             await submit([texts.make_query(10)])  # answered: no exception
             outcomes = await run_round(submit, [texts.make_query(10) for _ in range(5)])
-            missing = await server_info(clients, server.url + "/nowhere")
+            missing = await server_info(ConnectionPool(Target.from_url(server.url + "/nowhere")))
             return info, outcomes, missing
+        finally:
+            connections.close()
 
     info, outcomes, missing = asyncio.run(body())
     assert info["model"]["revision"] == "sim-rev-1"
@@ -62,18 +66,69 @@ def test_submitter_posts_texts_and_turns_429_into_a_miss(sim_server_factory, tok
     assert sum(1 for latency, error in outcomes if error is None and latency > 0) == 3
 
 
-def test_each_request_in_flight_has_its_own_client_and_rounds_reuse_them(
+def test_each_request_in_flight_has_its_own_connection_and_rounds_reuse_them(
     sim_server_factory, tokenizer: Tokenizer
 ) -> None:
     server = sim_server_factory("--per-query", "0.02")  # the 8 requests of a round overlap
     texts = ExactLengthTexts(tokenizer)
 
     async def body() -> int:
-        async with ClientPerRequest() as clients:
-            submit = http_submitter(clients, server.url, texts.text_of)
+        connections = ConnectionPool(Target.from_url(server.url))
+        try:
+            submit = http_submitter(connections, texts.text_of)
             for _ in range(3):
                 outcomes = await run_round(submit, [texts.make_query(10) for _ in range(8)])
                 assert all(error is None for _, error in outcomes), outcomes
-            return clients.created
+            return connections.opened
+        finally:
+            connections.close()
 
-    assert asyncio.run(body()) == 8  # not 1 (one client's pool searched per request), not 24
+    assert asyncio.run(body()) == 8  # not 1 (requests queued in the client), not 24
+
+
+def test_a_request_timed_out_mid_answer_closes_its_connection(sim_server_factory, tokenizer: Tokenizer) -> None:
+    server = sim_server_factory("--per-query", "0.5")
+    texts = ExactLengthTexts(tokenizer)
+
+    async def body() -> tuple[str | None, str | None, int]:
+        connections = ConnectionPool(Target.from_url(server.url))
+        try:
+            submit = http_submitter(connections, texts.text_of)
+            (late,) = await run_round(submit, [texts.make_query(10)], timeout=0.05)
+            (answered,) = await run_round(submit, [texts.make_query(10)], timeout=30)
+            return late[1], answered[1], connections.opened
+        finally:
+            connections.close()
+
+    late, answered, opened = asyncio.run(body())
+    assert late is not None and "TimeoutError" in late
+    # The late answer still on its way must not be read as the next request's: a new connection asks.
+    assert answered is None and opened == 2
+
+
+@pytest.mark.parametrize(
+    ("url", "target"),
+    [
+        ("http://127.0.0.1:8080", Target("127.0.0.1", 8080)),
+        ("http://127.0.0.1:8080/", Target("127.0.0.1", 8080)),
+        ("https://embed.example/v1/", Target("embed.example", 443, "/v1", tls=True)),
+        ("http://[::1]:9000", Target("::1", 9000)),
+    ],
+)
+def test_urls_name_a_target(url: str, target: Target) -> None:
+    assert Target.from_url(url) == target
+
+
+def test_a_request_is_encoded_with_its_prefix_host_and_length() -> None:
+    request = Target("::1", 9000, "/v1").request("POST", "/embed", b'{"inputs": "a"}', {"Authorization": "Bearer k"})
+    head, _, body = request.partition(b"\r\n\r\n")
+    assert head.split(b"\r\n") == [
+        b"POST /v1/embed HTTP/1.1", b"Host: [::1]:9000", b"Content-Type: application/json", b"Content-Length: 15",
+        b"Authorization: Bearer k",
+    ]
+    assert body == b'{"inputs": "a"}'
+
+
+def test_an_unusable_url_is_refused() -> None:
+    with pytest.raises(ValueError, match="not an http"):
+        Target.from_url("redis://127.0.0.1:6379")

@@ -328,8 +328,7 @@ async def _calibrate(
             print(f"{PROG}: warning: {short}", file=sys.stderr)
     if args.url:
         return await _calibrate_url(args.url, settings, spec, texts, options, progress)
-    timeout = options.profile.request_timeout
-    open_pool: OpenPool = in_process_pool if args.in_process else served_pool_opener(texts, timeout)
+    open_pool: OpenPool = in_process_pool if args.in_process else served_pool_opener(texts)
     hardware = devices.detect_hardware(settings.sysfs_root)
     layout: LayoutRecord | None = None
     if args.choose_cpu_layout:
@@ -388,19 +387,20 @@ def _headers(settings: Settings) -> dict[str, str]:
     return {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
 
 
-def served_pool_opener(texts: ExactLengthTexts, timeout: float | None) -> OpenPool:
+def served_pool_opener(texts: ExactLengthTexts) -> OpenPool:
     """Opens a pool by starting `windve serve` with its settings; its submit POSTs `texts` to /embed."""
-    from estimator.http_pool import ClientPerRequest, http_submitter
+    from estimator.http_pool import http_submitter
     from estimator.local_server import local_server
+    from estimator.raw_http import ConnectionPool, Target
 
     @asynccontextmanager
     async def open_pool(settings: Settings) -> AsyncIterator[Submit]:
-        # No client-side connection cap: queuing in the client would be timed as server latency.
-        async with (
-            local_server(serve_command, serve_env(settings)) as url,
-            ClientPerRequest(timeout=timeout, headers=_headers(settings)) as clients,
-        ):
-            yield http_submitter(clients, url, texts.text_of)
+        async with local_server(serve_command, serve_env(settings)) as url:
+            connections = ConnectionPool(Target.from_url(url))
+            try:
+                yield http_submitter(connections, texts.text_of, _headers(settings))
+            finally:
+                connections.close()
 
     return open_pool
 
@@ -450,17 +450,24 @@ async def _calibrate_url(
     url: str, settings: Settings, spec: ModelSpec, texts: ExactLengthTexts, options: CalibrationOptions,
     progress: ProgressHook,
 ) -> Calibration:
-    from estimator.http_pool import ClientPerRequest, http_submitter, server_info
+    from estimator.http_pool import http_submitter, server_info
+    from estimator.raw_http import ConnectionPool, Target
 
     timeout = options.profile.request_timeout
-    async with ClientPerRequest(timeout=timeout, headers=_headers(settings)) as clients:
-        info = await server_info(clients, url)
-        submit = http_submitter(clients, url, texts.text_of)
+    try:
+        connections = ConnectionPool(Target.from_url(url))
+    except ValueError as error:
+        raise CalibrationRunError(str(error)) from None
+    try:
+        info = await server_info(connections, _headers(settings))
+        submit = http_submitter(connections, texts.text_of, _headers(settings))
         _, error = await timed_request(submit, [texts.make_query(options.profile.query_tokens)], timeout)
         if error is not None:
             raise CalibrationRunError(f"{url.rstrip('/')}/embed does not answer: {error}")
         tune_gc_for_serving()  # as in _calibrate
         result = await calibrate_pool("server", submit, texts.make_query, options, progress)
+    finally:
+        connections.close()
     model = info.get("model") if isinstance(info.get("model"), dict) else {}
     return calibration_of(
         {"server": result}, options,
