@@ -8,6 +8,7 @@ Every text is different, so that an embedding cache cannot answer for the model.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import re
@@ -126,11 +127,14 @@ def http_submitter(
     return submit
 
 
-async def server_info(pool: ConnectionPool, headers: dict[str, str] | None = None) -> dict[str, Any]:
-    """The server's GET /info as a dict; {} if it has none or answers badly."""
+async def server_info(
+    pool: ConnectionPool, headers: dict[str, str] | None = None, timeout: float | None = 30.0
+) -> dict[str, Any]:
+    """The server's GET /info as a dict; {} if it has none, answers badly or not within `timeout` s."""
     try:
-        status, answer = await pool.exchange(pool.target.request("GET", "/info", headers=headers))
+        request = pool.target.request("GET", "/info", headers=headers)
+        status, answer = await asyncio.wait_for(pool.exchange(request), timeout)
         info = json.loads(answer) if status == 200 else {}
-    except (NoAnswer, ValueError):
+    except (NoAnswer, ValueError, TimeoutError):
         return {}
     return info if isinstance(info, dict) else {}

@@ -132,3 +132,22 @@ def test_a_request_is_encoded_with_its_prefix_host_and_length() -> None:
 def test_an_unusable_url_is_refused() -> None:
     with pytest.raises(ValueError, match="not an http"):
         Target.from_url("redis://127.0.0.1:6379")
+
+
+def test_a_server_that_never_answers_info_gives_no_info_in_time() -> None:
+    async def body() -> tuple[dict, int]:
+        async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.read()  # reads the request, answers nothing, until the client hangs up
+            writer.close()
+
+        server = await asyncio.start_server(hold, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        connections = ConnectionPool(Target("127.0.0.1", port))
+        try:
+            return await server_info(connections, timeout=0.2), connections.opened
+        finally:
+            connections.close()
+            server.close()
+
+    info, opened = asyncio.run(body())
+    assert info == {} and opened == 1

@@ -459,7 +459,7 @@ async def _calibrate_url(
     except ValueError as error:
         raise CalibrationRunError(str(error)) from None
     try:
-        info = await server_info(connections, _headers(settings))
+        info = await server_info(connections, _headers(settings), timeout)
         submit = http_submitter(connections, texts.text_of, _headers(settings))
         _, error = await timed_request(submit, [texts.make_query(options.profile.query_tokens)], timeout)
         if error is not None:
