@@ -34,6 +34,7 @@ from windve.depths import PROBE_TOKENS, DepthSource, probe_rounds
 
 Address = tuple[str, int]
 
+
 class ProbeFailed(RuntimeError):
     """The HTTP probe got no answer, or an answer other than 200: the caller probes in-process."""
 
@@ -75,7 +76,8 @@ async def probe_over_http(
     that the front end admits these requests to `pool` and to no other.
     """
     # As many as probe_rounds asks for; each round encodes its requests before its clock starts.
-    client = _Client(address, (_request(address, make_text(), api_key) for _ in itertools.count()))
+    target = Target(*address)
+    client = _Client(target, (_request(target, make_text(), api_key) for _ in itertools.count()))
     try:
         return await probe_rounds(pool, client.closed_loop, batch, slo, "http", PROBE_TOKENS)
     finally:
@@ -93,18 +95,18 @@ def exact_length_texts(model_path: Path, tokens: int = PROBE_TOKENS) -> Callable
     return lambda: texts.text_of(texts.make_query(tokens))
 
 
-def _request(address: Address, text: str, api_key: str | None) -> bytes:
+def _request(target: Target, text: str, api_key: str | None) -> bytes:
     headers = {"Cache-Control": "no-cache, no-store"}  # random texts: nothing to find, nothing worth keeping
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
-    return Target(*address).request("POST", "/embed", json.dumps({"inputs": text}).encode(), headers)
+    return target.request("POST", "/embed", json.dumps({"inputs": text}).encode(), headers)
 
 
 class _Client:
     """Closed-loop rounds of POSTs, each client on a kept-alive connection of its own."""
 
-    def __init__(self, address: Address, requests: Iterator[bytes]) -> None:
-        self.pool = ConnectionPool(Target(*address))
+    def __init__(self, target: Target, requests: Iterator[bytes]) -> None:
+        self.pool = ConnectionPool(target)
         self.requests = requests
 
     async def closed_loop(self, clients: int, queries: int) -> list[float]:
@@ -114,10 +116,20 @@ class _Client:
             connections = await self.pool.connections(clients)  # before the clock: no connect is timed
         except NoAnswer as error:
             raise ProbeFailed(str(error)) from None
+        try:
+            answered = await self._round(connections, queries)
+        except BaseException:  # failed or cancelled: a connection may hold half an answer
+            for connection in connections:
+                connection.close()
+            raise
+        self.pool.keep(connections)
+        return answered
+
+    async def _round(self, connections: list[Connection], queries: int) -> list[float]:
         # Off the loop: making hundreds of exact-length texts takes the tokenizer a while, and with
         # several front ends this loop is the dispatcher's, whose state board must stay fresh.
         requests = await asyncio.to_thread(
-            lambda: [[next(self.requests) for _ in range(queries)] for _ in range(clients)]
+            lambda: [[next(self.requests) for _ in range(queries)] for _ in range(len(connections))]
         )
         answered: list[float] = []
 
@@ -135,7 +147,6 @@ class _Client:
 
         # Every request ends (answered or failed) before the round does: no stray reads are left.
         outcomes = await asyncio.gather(*map(client, connections, requests), return_exceptions=True)
-        self.pool.keep(connections)  # a closed one is dropped when next taken
         for outcome in outcomes:
             if isinstance(outcome, BaseException):
                 raise outcome

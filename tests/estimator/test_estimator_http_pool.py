@@ -53,10 +53,12 @@ def test_submitter_posts_texts_and_turns_429_into_a_miss(sim_server_factory, tok
             submit = http_submitter(connections, texts.text_of)
             await submit([texts.make_query(10)])  # answered: no exception
             outcomes = await run_round(submit, [texts.make_query(10) for _ in range(5)])
-            missing = await server_info(ConnectionPool(Target.from_url(server.url + "/nowhere")))
+            elsewhere = ConnectionPool(Target.from_url(server.url + "/nowhere"))
+            missing = await server_info(elsewhere)
             return info, outcomes, missing
         finally:
             connections.close()
+            elsewhere.close()
 
     info, outcomes, missing = asyncio.run(body())
     assert info["model"]["revision"] == "sim-rev-1"
