@@ -20,7 +20,6 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from estimator.raw_http import ConnectionPool, NoAnswer
-from estimator.rounds import Submit
 
 _WORD = re.compile(r"^[a-z]{3,12}$")
 _MARKERS = "\u2581\u0120"  # SentencePiece and byte-level BPE word-start markers
@@ -106,25 +105,32 @@ class ExactLengthTexts:
             return self._tokenizer.decode([int(i) for i in ids], skip_special_tokens=True)
 
 
-def http_submitter(
-    pool: ConnectionPool, text_of: Callable[[np.ndarray], str], headers: dict[str, str] | None = None
-) -> Submit:
+class HttpSubmit:
     """POST {"inputs": text} to the pool's target + /embed, each request in flight on a connection of its
     own (estimator.raw_http: an httpx client per connection was the bottleneck on a GPU host); any status
     >= 400 (429 = BUSY) raises ServerRefused."""
-    target = pool.target
 
-    async def submit(sequences: Sequence[np.ndarray]) -> Any:
-        texts = [text_of(sequence) for sequence in sequences]
+    def __init__(
+        self, pool: ConnectionPool, text_of: Callable[[np.ndarray], str], headers: dict[str, str] | None = None
+    ) -> None:
+        self.pool = pool
+        self.text_of = text_of
+        self.headers = headers
+        self._greeting = pool.target.request("GET", "/health", headers=headers)
+
+    async def prepare(self, concurrency: int) -> None:
+        """Open, before the clock, the connections a round of `concurrency` requests will take."""
+        self.pool.keep(await self.pool.connections(concurrency, self._greeting))
+
+    async def __call__(self, sequences: Sequence[np.ndarray]) -> bytes:
+        texts = [self.text_of(sequence) for sequence in sequences]
         body = json.dumps({"inputs": texts[0] if len(texts) == 1 else texts}).encode()
-        status, answer = await pool.exchange(target.request("POST", "/embed", body, headers))
+        status, answer = await self.pool.exchange(self.pool.target.request("POST", "/embed", body, self.headers))
         if status == 429:
             raise ServerRefused("HTTP 429: the server is busy (its queues are full)")
         if status >= 400:
             raise ServerRefused(f"HTTP {status}: {answer[:200].decode(errors='replace')}")
         return answer
-
-    return submit
 
 
 async def server_info(

@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 # uvicorn closes a keep-alive connection idle for 5 s: one idle for this long is opened again
 # rather than risk being closed while a request is on it.
 IDLE_LIMIT = 2.0
+OPEN_AT_ONCE = 64  # connections opened together: inside asyncio's default listen queue of 100
 
 
 class NoAnswer(ConnectionError):
@@ -123,12 +124,38 @@ class ConnectionPool:
             connection.close()
         return None
 
-    async def connections(self, count: int) -> list[Connection]:
-        """`count` connections, opened now (so that no connect is timed later); give them back with `keep`."""
+    async def _open_greeted(self, greeting: bytes | None) -> Connection:
+        connection = await self._open()
+        if greeting is not None:
+            try:
+                await connection.exchange(greeting)  # any answer will do: the server has taken the connection
+            except BaseException:
+                connection.close()
+                raise
+            if not connection.fresh(time.monotonic()):  # answered with Connection: close
+                return await self._open()
+        return connection
+
+    async def connections(self, count: int, greeting: bytes | None = None) -> list[Connection]:
+        """`count` connections, ready before the clock starts; give them back with `keep`.
+
+        A connect returns once the kernel's handshake is done, before the server's loop has accepted
+        the connection: the first request on it would wait for that accept, and a round that opens
+        hundreds at once would time hundreds of accepts. With a `greeting` (a cheap request such as
+        GET /health) each new connection is opened and answered once first, OPEN_AT_ONCE at a time.
+        """
         taken: list[Connection] = []
         try:
+            while len(taken) < count and (connection := self._take_fresh()) is not None:
+                taken.append(connection)
             while len(taken) < count:
-                taken.append(self._take_fresh() or await self._open())
+                wave = min(OPEN_AT_ONCE, count - len(taken))
+                opening = (self._open_greeted(greeting) for _ in range(wave))
+                opened = await asyncio.gather(*opening, return_exceptions=True)
+                taken += [c for c in opened if isinstance(c, Connection)]
+                for outcome in opened:
+                    if isinstance(outcome, BaseException):
+                        raise outcome
         except BaseException:
             self.keep(taken)
             raise

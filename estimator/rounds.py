@@ -1,6 +1,7 @@
 """The paper's closed-loop workload: rounds of single-query requests started together.
 
-A pool is anything with an async `submit(sequences)` that returns once the request is answered. A round
+A pool is anything with an async `submit(sequences)` that returns once the request is answered (one that
+also has `prepare(concurrency)` does its set-up, an HTTP pool's connections, before a round's clock). A round
 at concurrency C starts C one-query requests at once and ends when all are answered; the next round
 starts only then. A level is `rounds` such rounds, and its tail is the p99 of their end-to-end latencies
 (nearest rank), the tail the load test holds against the SLO. A request that raises (BUSY/429, a timeout,
@@ -13,10 +14,11 @@ Time is read from the running event loop's clock, so that a simulated pool on a 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -24,6 +26,13 @@ Submit = Callable[[Sequence[np.ndarray]], Awaitable[Any]]
 MakeQuery = Callable[[int], np.ndarray]
 
 TAIL_PERCENTILE = 99.0
+
+
+@runtime_checkable
+class Prepares(Protocol):
+    """A submit with set-up to do before a round's clock starts (an HTTP pool opens its connections)."""
+
+    async def prepare(self, concurrency: int) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -82,6 +91,10 @@ async def run_round(
     submit: Submit, queries: Sequence[np.ndarray], timeout: float | None = None
 ) -> list[tuple[float, str | None]]:
     """Send every query as a request of its own, all at once, and wait for all: one closed-loop round."""
+    if isinstance(submit, Prepares):
+        # What fails here (no connection) fails again in the round's requests, which count it as misses.
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(submit.prepare(len(queries)), timeout)
     return list(await asyncio.gather(*(timed_request(submit, [query], timeout) for query in queries)))
 
 

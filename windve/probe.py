@@ -77,7 +77,8 @@ async def probe_over_http(
     """
     # As many as probe_rounds asks for; each round encodes its requests before its clock starts.
     target = Target(*address)
-    client = _Client(target, (_request(target, make_text(), api_key) for _ in itertools.count()))
+    client = _Client(target, (_request(target, make_text(), api_key) for _ in itertools.count()),
+                     greeting=target.request("GET", "/health"))
     try:
         return await probe_rounds(pool, client.closed_loop, batch, slo, "http", PROBE_TOKENS)
     finally:
@@ -105,15 +106,16 @@ def _request(target: Target, text: str, api_key: str | None) -> bytes:
 class _Client:
     """Closed-loop rounds of POSTs, each client on a kept-alive connection of its own."""
 
-    def __init__(self, target: Target, requests: Iterator[bytes]) -> None:
+    def __init__(self, target: Target, requests: Iterator[bytes], greeting: bytes | None = None) -> None:
         self.pool = ConnectionPool(target)
         self.requests = requests
+        self.greeting = greeting  # sent once on each new connection, so that no accept is timed
 
     async def closed_loop(self, clients: int, queries: int) -> list[float]:
         """`clients` connections, each posting `queries` requests back to back; every answer's latency,
         in the order the answers came."""
         try:
-            connections = await self.pool.connections(clients)  # before the clock: no connect is timed
+            connections = await self.pool.connections(clients, self.greeting)  # before the clock
         except NoAnswer as error:
             raise ProbeFailed(str(error)) from None
         try:

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from tokenizers import Tokenizer
 
-from estimator.http_pool import ExactLengthTexts, http_submitter, server_info
+from estimator.http_pool import ExactLengthTexts, HttpSubmit, server_info
 from estimator.raw_http import ConnectionPool, Target
 from estimator.rounds import run_round
 from windve.model import ModelSpec
@@ -50,7 +50,7 @@ def test_submitter_posts_texts_and_turns_429_into_a_miss(sim_server_factory, tok
         connections = ConnectionPool(Target.from_url(server.url))
         try:
             info = await server_info(connections)
-            submit = http_submitter(connections, texts.text_of)
+            submit = HttpSubmit(connections, texts.text_of)
             await submit([texts.make_query(10)])  # answered: no exception
             outcomes = await run_round(submit, [texts.make_query(10) for _ in range(5)])
             elsewhere = ConnectionPool(Target.from_url(server.url + "/nowhere"))
@@ -77,7 +77,7 @@ def test_each_request_in_flight_has_its_own_connection_and_rounds_reuse_them(
     async def body() -> int:
         connections = ConnectionPool(Target.from_url(server.url))
         try:
-            submit = http_submitter(connections, texts.text_of)
+            submit = HttpSubmit(connections, texts.text_of)
             for _ in range(3):
                 outcomes = await run_round(submit, [texts.make_query(10) for _ in range(8)])
                 assert all(error is None for _, error in outcomes), outcomes
@@ -88,6 +88,42 @@ def test_each_request_in_flight_has_its_own_connection_and_rounds_reuse_them(
     assert asyncio.run(body()) == 8  # not 1 (requests queued in the client), not 24
 
 
+def test_a_round_opens_its_connections_before_the_clock(tokenizer: Tokenizer) -> None:
+    """A server that takes a new connection late (a busy loop's accept) delays only the greeting, not
+    the round's requests: a jump to many more clients must not time their connects."""
+    late_accept = 2.0
+    greeted: list[bytes] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await asyncio.sleep(late_accept)
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                               if line.lower().startswith(b"content-length:")), 0)
+                await reader.readexactly(length)
+                greeted.append(head.split(b" ")[1])
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n[]")
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    async def body() -> tuple[list[tuple[float, str | None]], int]:
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        connections = ConnectionPool(Target("127.0.0.1", server.sockets[0].getsockname()[1]))
+        try:
+            texts = ExactLengthTexts(tokenizer)
+            outcomes = await run_round(HttpSubmit(connections, texts.text_of), [texts.make_query(10) for _ in range(4)])
+            return outcomes, connections.opened
+        finally:
+            connections.close()
+            server.close()
+
+    outcomes, opened = asyncio.run(body())
+    assert opened == 4 and greeted[:4] == [b"/health"] * 4 and greeted[4:] == [b"/embed"] * 4
+    assert all(error is None and latency < late_accept for latency, error in outcomes), outcomes
+
+
 def test_a_request_timed_out_mid_answer_closes_its_connection(sim_server_factory, tokenizer: Tokenizer) -> None:
     server = sim_server_factory("--per-query", "0.5")
     texts = ExactLengthTexts(tokenizer)
@@ -95,7 +131,7 @@ def test_a_request_timed_out_mid_answer_closes_its_connection(sim_server_factory
     async def body() -> tuple[str | None, str | None, int]:
         connections = ConnectionPool(Target.from_url(server.url))
         try:
-            submit = http_submitter(connections, texts.text_of)
+            submit = HttpSubmit(connections, texts.text_of)
             (late,) = await run_round(submit, [texts.make_query(10)], timeout=0.05)
             (answered,) = await run_round(submit, [texts.make_query(10)], timeout=30)
             return late[1], answered[1], connections.opened

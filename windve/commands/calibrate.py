@@ -389,7 +389,7 @@ def _headers(settings: Settings) -> dict[str, str]:
 
 def served_pool_opener(texts: ExactLengthTexts) -> OpenPool:
     """Opens a pool by starting `windve serve` with its settings; its submit POSTs `texts` to /embed."""
-    from estimator.http_pool import http_submitter
+    from estimator.http_pool import HttpSubmit
     from estimator.local_server import local_server
     from estimator.raw_http import ConnectionPool, Target
 
@@ -398,7 +398,7 @@ def served_pool_opener(texts: ExactLengthTexts) -> OpenPool:
         async with local_server(serve_command, serve_env(settings)) as url:
             connections = ConnectionPool(Target.from_url(url))
             try:
-                yield http_submitter(connections, texts.text_of, _headers(settings))
+                yield HttpSubmit(connections, texts.text_of, _headers(settings))
             finally:
                 connections.close()
 
@@ -450,7 +450,7 @@ async def _calibrate_url(
     url: str, settings: Settings, spec: ModelSpec, texts: ExactLengthTexts, options: CalibrationOptions,
     progress: ProgressHook,
 ) -> Calibration:
-    from estimator.http_pool import http_submitter, server_info
+    from estimator.http_pool import HttpSubmit, server_info
     from estimator.raw_http import ConnectionPool, Target
 
     timeout = options.profile.request_timeout
@@ -460,7 +460,7 @@ async def _calibrate_url(
         raise CalibrationRunError(str(error)) from None
     try:
         info = await server_info(connections, _headers(settings), timeout)
-        submit = http_submitter(connections, texts.text_of, _headers(settings))
+        submit = HttpSubmit(connections, texts.text_of, _headers(settings))
         _, error = await timed_request(submit, [texts.make_query(options.profile.query_tokens)], timeout)
         if error is not None:
             raise CalibrationRunError(f"{url.rstrip('/')}/embed does not answer: {error}")
