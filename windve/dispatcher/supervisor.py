@@ -1,6 +1,7 @@
 """The parent of a multi-process `windve serve`: the dispatcher, and its front ends' keeper.
 
-It opens the listening socket once (every front end accepts from it), starts N front-end
+It opens one listening socket per front end, all on the service's port (SO_REUSEPORT, so that
+the kernel spreads new connections evenly), keeps them for the service's life, starts N front-end
 processes at once (they answer /health 503 while the engines load), then loads the engines
 and runs the dispatcher on its own loop. A pool that needs the warm-up probe is probed from
 here once every front end serves, over HTTP on that socket (windve.probe); /health says ok
@@ -56,8 +57,7 @@ class Supervisor:
 
     async def _main(self) -> int:
         workdir = Path(tempfile.mkdtemp(prefix="windve-"))
-        listener = socket.create_server((self.settings.host, self.settings.port), backlog=4096)
-        listener.set_inheritable(True)
+        listeners = open_listeners(self.settings.host, self.settings.port, self.workers)
         # The engines are planned over the CPUs this process had before it moved onto the service
         # cores: planned after the move, every engine would be squeezed onto those few cores.
         allowed_cpus = frozenset(os.sched_getaffinity(0))
@@ -71,9 +71,12 @@ class Supervisor:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._begin_stop)
-        keepers = [asyncio.create_task(self._keep_front_end(i, workdir, listener, server)) for i in range(self.workers)]
+        keepers = [
+            asyncio.create_task(self._keep_front_end(index, workdir, sock, server))
+            for index, sock in enumerate(listeners)
+        ]
         log.info("%d front-end processes on %s:%d", self.workers, self.settings.host, self.settings.port)
-        starting = asyncio.create_task(self._start_engines(server, loopback(listener.getsockname()), allowed_cpus))
+        starting = asyncio.create_task(self._start_engines(server, loopback(listeners[0].getsockname()), allowed_cpus))
         await self._stop.wait()
         starting.cancel()
         await asyncio.gather(starting, return_exceptions=True)
@@ -85,7 +88,8 @@ class Supervisor:
             await self.runtime.close()
         await server.close()
         board.close()
-        listener.close()
+        for listener in listeners:
+            listener.close()
         shutil.rmtree(workdir, ignore_errors=True)
         if self.failed:
             print(f"windve serve: could not start: {self.failed}", file=sys.stderr)
@@ -175,6 +179,32 @@ class Supervisor:
                 index, process.pid, code, cancelled, delay,
             )
             await asyncio.sleep(delay)  # back-off before a restart, not a wait for a condition
+
+
+def open_listeners(host: str, port: int, count: int) -> list[socket.socket]:
+    """`count` listening sockets on one port, one per front end, to be inherited.
+
+    One socket shared by every front end went, under a burst of new connections, to whichever
+    process woke first: 64 connections opened at once landed 35/24/4/1 on four front ends, and
+    the busiest front end set every request's pace (bench/SERVED.md). With SO_REUSEPORT the kernel
+    picks a socket by the connection's addresses, evenly. A front end that dies leaves its socket
+    here, so connections queued on it wait for its replacement instead of being reset.
+    A plain bind goes first, so that a port already in use is an error, not a port shared with
+    another service of the same user.
+    """
+    with socket.create_server((host, port)) as plain:
+        port = plain.getsockname()[1]
+    listeners: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            listener = socket.create_server((host, port), backlog=4096, reuse_port=True)
+            listeners.append(listener)
+            listener.set_inheritable(True)
+    except BaseException:
+        for listener in listeners:
+            listener.close()
+        raise
+    return listeners
 
 
 def _mark_metrics_dead(pid: int, directory: Path) -> None:

@@ -1,0 +1,50 @@
+"""The front ends' listening sockets: one each, one port, new connections spread by the kernel."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from windve.dispatcher.supervisor import open_listeners
+
+
+def _accept_all(listener: socket.socket) -> int:
+    listener.setblocking(False)
+    accepted = 0
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except BlockingIOError:
+            return accepted
+        conn.close()
+        accepted += 1
+
+
+def test_a_burst_of_connections_reaches_every_front_ends_socket() -> None:
+    listeners = open_listeners("127.0.0.1", 0, 4)
+    clients: list[socket.socket] = []
+    try:
+        port = listeners[0].getsockname()[1]
+        assert {listener.getsockname()[1] for listener in listeners} == {port}
+        assert all(listener.get_inheritable() for listener in listeners)
+        for _ in range(64):  # opened at once, as a load generator or calibrate does
+            clients.append(socket.create_connection(("127.0.0.1", port)))
+        per_socket = [_accept_all(listener) for listener in listeners]
+    finally:
+        for sock in clients + listeners:
+            sock.close()
+    # Spread by the connections' addresses: all 64 on one or two sockets (what one shared socket
+    # gave) has a chance below 1e-7 here.
+    assert sum(per_socket) == 64 and min(per_socket) >= 1, per_socket
+
+
+def test_a_port_in_use_is_refused_not_shared() -> None:
+    listeners = open_listeners("127.0.0.1", 0, 2)
+    try:
+        port = listeners[0].getsockname()[1]
+        with pytest.raises(OSError):
+            open_listeners("127.0.0.1", port, 2)
+    finally:
+        for listener in listeners:
+            listener.close()
