@@ -4,7 +4,7 @@ It opens one listening socket per front end, all on the service's port (SO_REUSE
 the kernel spreads new connections evenly), keeps them for the service's life, starts N front-end
 processes at once (they answer /health 503 while the engines load), then loads the engines
 and runs the dispatcher on its own loop. A pool that needs the warm-up probe is probed from
-here once every front end serves, over HTTP on that socket (windve.probe); /health says ok
+here once every front end serves, over HTTP on that port (windve.probe); /health says ok
 after. A front end that dies is replaced, and the queries
 it had admitted are cancelled; no other front end's query is touched. SIGTERM drains: the
 board says draining (new requests get BUSY), every front end finishes what it admitted and
