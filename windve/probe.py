@@ -140,8 +140,7 @@ class _Client:
                 started = time.perf_counter()
                 try:
                     status, body = await connection.exchange(request)
-                except NoAnswer as error:
-                    connection.close()
+                except NoAnswer as error:  # closed_loop closes a failed round's connections
                     raise ProbeFailed(f"no answer from the front end: {error}") from None
                 answered.append(time.perf_counter() - started)
                 if status != 200:

@@ -48,12 +48,12 @@ def test_submitter_posts_texts_and_turns_429_into_a_miss(sim_server_factory, tok
 
     async def body():
         connections = ConnectionPool(Target.from_url(server.url))
+        elsewhere = ConnectionPool(Target.from_url(server.url + "/nowhere"))
         try:
             info = await server_info(connections)
             submit = HttpSubmit(connections, texts.text_of)
             await submit([texts.make_query(10)])  # answered: no exception
             outcomes = await run_round(submit, [texts.make_query(10) for _ in range(5)])
-            elsewhere = ConnectionPool(Target.from_url(server.url + "/nowhere"))
             missing = await server_info(elsewhere)
             return info, outcomes, missing
         finally:
