@@ -102,9 +102,9 @@ class Calibration:
     schema_version: int = SCHEMA_VERSION
 
     def crossing_check(self, pool: str) -> CrossingCheck | None:
-        """The pool's settled crossing against the SLO it was profiled for (the largest)."""
+        """The pool's settled crossing against the tail it was profiled for (the largest SLO less the headroom)."""
         measured = self.pools[pool]
-        return crossing_check(measured.samples, measured.settled, max(self.slos))
+        return crossing_check(measured.samples, measured.settled, max(self.slos) * (1 - self.headroom))
 
     def crossing_moved(self, pool: str) -> CrossingCheck | None:
         """The settled crossing's check when it ran off the speed the fit expected, else None:

@@ -70,14 +70,16 @@ async def calibrate_pool(
     name: str, submit: Submit, make_query: MakeQuery, options: CalibrationOptions, progress: ProgressHook | None = None
 ) -> PoolCalibration:
     """Profile, fit and read off the depths of one pool, with the extras `options` ask for."""
-    slo, o = max(options.slos), options.profile
-    main = await profile_pool(submit, make_query, slo, o, pool=name, progress=progress)
+    # The levels aim at the tail the loosest SLO's depth is read at, so that the settled crossing is
+    # measured where that depth lies, not a headroom above it.
+    target, o = max(options.slos) * (1 - options.headroom), options.profile
+    main = await profile_pool(submit, make_query, target, o, pool=name, progress=progress)
     fit = fit_profile(name, main.samples)
     length_samples: list[LevelSample] = []
     length_seconds = 0.0
     for tokens in (t for t in options.lengths if t != o.query_tokens):
         extra = await profile_pool(
-            submit, make_query, slo, dataclasses.replace(o, query_tokens=tokens), pool=name, stage="lengths",
+            submit, make_query, target, dataclasses.replace(o, query_tokens=tokens), pool=name, stage="lengths",
             progress=progress,
         )
         length_samples.extend(extra.samples)

@@ -2,15 +2,19 @@
 
 After one unrecorded warm-up round, every level gets the same `rounds`:
 
-1. Growth: C = 1, then `growth` times the last level, while the line fitted through the levels so far
-   (`fit_samples`) puts the SLO crossing beyond the next step, and no level has missed the SLO yet.
-2. One aimed level, `aim_past` beyond the crossing that line predicts (at least 1.25x the deepest level
-   so far), so that the levels bracket the crossing. No aim when a growth level already missed.
-3. The settled crossing: the level where the line through all of those reaches the SLO, measured too
-   when it lies between the deepest level that met the SLO and the shallowest one that missed (or
-   beyond the aim, when the aim met) and was not measured yet. The depth is read off the line with it,
-   within what the levels measured (`decide_profile_depth`).
+1. Growth: C = 1, then `growth` times the last level, while the line (`fit_samples`) puts the SLO
+   crossing beyond the next step.
+2. An aimed level, `aim_past` beyond the crossing that line predicts (at least 1.25x the deepest level
+   so far). Growth and aims go on until a level misses the SLO (or the cap is reached): an aim that
+   meets is not the end, because the line that aimed it was read off levels below the crossing.
+3. The settled crossing: the level where the line reaches the SLO, measured too when it lies between
+   the deepest level that met the SLO and the shallowest one that missed and was not measured yet.
+   The depth is read off the line with it, within what the levels measured (`decide_profile_depth`).
 
+The line goes through the levels within `FIT_SPAN` of the deepest one, not all of them: on a GPU the
+tail is flat, or even concave, from C = 1 to where the device saturates, and linear only past it
+(t = alpha*C + beta holds where the queue sets the tail); levels far below the crossing then tilt the
+line and move its crossing by hundreds of queries (bench/ESTIMATOR.md, 2026-11-27, a third session).
 Levels never exceed `max_concurrency`; a level there that meets the SLO ends the profile. A pool whose
 first level misses still gets a second, so that a line (and the verdict "unusable") can be fitted.
 Why these rules and what they cost against a stress test: bench/ESTIMATOR.md.
@@ -59,9 +63,30 @@ def finite_samples(samples: Sequence[LevelSample]) -> list[LevelSample]:
     return [sample for sample in samples if math.isfinite(sample.p99)]
 
 
+# Two growth steps: the line keeps the last three growth levels and what was aimed or settled among
+# them, enough points to average a level's noise, few enough to stay where the queue sets the tail.
+FIT_SPAN = 16
+
+
+def fitted_levels(samples: Sequence[LevelSample]) -> list[LevelSample]:
+    """The answered levels the line goes through: those at or above 1/FIT_SPAN of the deepest one,
+    with the next shallower ones added while fewer than two distinct levels remain."""
+    usable = sorted(finite_samples(samples), key=lambda s: s.concurrency)
+    if not usable:
+        return []
+    floor = usable[-1].concurrency / FIT_SPAN
+    kept = [s for s in usable if s.concurrency >= floor]
+    below = [s for s in usable if s.concurrency < floor]
+    while below and len({s.concurrency for s in kept}) < 2:
+        level = below[-1].concurrency
+        kept = [s for s in below if s.concurrency == level] + kept
+        below = [s for s in below if s.concurrency != level]
+    return kept
+
+
 def fit_samples(samples: Sequence[LevelSample]) -> LinearFit | None:
-    """The fit of the answered levels; None with fewer than two distinct levels."""
-    usable = finite_samples(samples)
+    """The line through `fitted_levels`; None with fewer than two distinct levels answered."""
+    usable = fitted_levels(samples)
     if len({sample.concurrency for sample in usable}) < 2:
         return None
     return fit_linear([s.concurrency for s in usable], [s.p99 for s in usable])
@@ -148,7 +173,7 @@ async def profile_pool(
     stage: str = "profile",
     progress: ProgressHook | None = None,
 ) -> Profile:
-    """Measure growth levels, one aimed level and the settled crossing (module doc) against `slo`."""
+    """Measure growth and aimed levels until one misses, then the settled crossing (module doc), against `slo`."""
     if not (slo > 0 and math.isfinite(slo)):
         raise ValueError(f"the SLO must be a positive number of seconds, got {slo!r}")
     loop = asyncio.get_running_loop()
@@ -165,19 +190,16 @@ async def profile_pool(
         samples.append(sample)
         return sample
 
-    level, aimed = 1, False
+    level = 1
     while True:
         sample = await measure(level)
         if not sample.meets(slo) and (len(samples) >= 2 or level >= o.max_concurrency):
-            reason = f"p99 {sample.p99:.3f} s > SLO {slo:g} s at C={level}"
-            break
-        if aimed:
-            reason = f"the aimed level C={level} met the SLO"
+            reason = f"p99 {sample.p99:.3f} s > {slo:.4g} s at C={level}"
             break
         if level >= o.max_concurrency:
             reason = f"reached max concurrency {o.max_concurrency} within the SLO"
             break
-        level, aimed = next_level(samples, slo, o)
+        level, _ = next_level(samples, slo, o)
     settled = settle_level(samples, slo, o.max_concurrency)
     if settled is not None:
         await measure(settled)

@@ -76,7 +76,7 @@ class CrossingCheck:
     def describe(self) -> str:
         return (
             f"the fitted crossing C={self.concurrency} took {self.p99:.3f} s, {self.ratio:.2f}x the "
-            f"{self.slo:g} s SLO the fit put it at: the machine changed speed during the profile, or the "
+            f"{self.slo:.4g} s tail the fit put it at: the machine changed speed during the profile, or the "
             f"tail is not linear there, and the depth may be off by as much; {_MORE_MARGIN}"
         )
 

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pytest
 
+import estimator.profile as profile_module
 from estimator.fit import DEFAULT_HEADROOM, LinearFit, decide_depth
 from estimator.layouts import choose_layout
 from estimator.pipeline import fit_profile
@@ -22,6 +23,7 @@ from estimator.profile import (
     ProfileOptions,
     decide_profile_depth,
     fit_samples,
+    fitted_levels,
     next_level,
     profile_pool,
     settle_level,
@@ -141,7 +143,7 @@ def test_the_profile_grows_aims_past_the_crossing_and_settles_it() -> None:
     # which misses; the line with it crosses at 70, measured last: it meets.
     assert _shape(profile, SLO) == [(1, True), (4, True), (16, True), (64, True), (82, False), (70, True)]
     assert {s.rounds for s in profile.samples} == {3} and profile.settled == 70
-    assert profile.stop_reason == "p99 0.175 s > SLO 0.15 s at C=82; the fitted crossing C=70 measured too"
+    assert profile.stop_reason == "p99 0.175 s > 0.15 s at C=82; the fitted crossing C=70 measured too"
     optimum = SERVICE.optimum_depth(SLO, TOKENS)
     assert decide_depth(fit_profile("sim", profile.samples), SLO).depth == optimum == 70
     # The warm-up round (4 queries, 9 ms) and 3 rounds of each level, in virtual seconds.
@@ -158,12 +160,12 @@ def test_a_growth_level_that_misses_is_not_followed_by_an_aim() -> None:
     flat_batches = ServiceTime(per_batch=0.01, per_query=0.0001, max_batch_size=4)
     profile = _profile(flat_batches, 0.03, rounds=3)
     assert _shape(profile, 0.03) == [(1, True), (4, True), (16, False), (11, False)]
-    assert profile.stop_reason == "p99 0.042 s > SLO 0.03 s at C=16; the fitted crossing C=11 measured too"
+    assert profile.stop_reason == "p99 0.042 s > 0.03 s at C=16; the fitted crossing C=11 measured too"
 
 
-def test_an_aimed_level_that_meets_is_followed_by_the_crossing_beyond_it() -> None:
-    # The pool turns faster once C = 64 is measured, so the aim read off the slower levels meets the SLO;
-    # the crossing of the line with it lies beyond the aim, and is measured instead of another aim.
+def test_an_aimed_level_that_meets_is_followed_by_more_levels_until_one_misses() -> None:
+    # The pool turns faster once C = 64 is measured, so the aim read off the slower levels meets the SLO.
+    # That is not the end: the profile aims again until a level misses, then settles between them.
     faster = ServiceTime(per_batch=0.001, per_query=0.001, max_batch_size=8)
 
     def speed_up(pool: SimulatedPool):
@@ -174,8 +176,66 @@ def test_an_aimed_level_that_meets_is_followed_by_the_crossing_beyond_it() -> No
         return hook
 
     profile = _profile(SERVICE, SLO, rounds=3, progress=speed_up)
-    assert _shape(profile, SLO) == [(1, True), (4, True), (16, True), (64, True), (82, True), (101, True)]
-    assert profile.stop_reason == "the aimed level C=82 met the SLO; the fitted crossing C=101 measured too"
+    assert _shape(profile, SLO) == [
+        (1, True), (4, True), (16, True), (64, True), (82, True), (125, True), (157, False), (126, True),
+    ]
+    assert profile.stop_reason == "p99 0.177 s > 0.15 s at C=157; the fitted crossing C=126 measured too"
+    # The depth lies within the bracket the levels measured, 3 % under the faster pool's optimum (132).
+    depth = decide_profile_depth(profile.samples, fit_profile("sim", profile.samples), SLO).depth
+    assert depth is not None and 126 <= depth < 157 and faster.optimum_depth(SLO, TOKENS) == 132
+
+
+class _CurvePool:
+    """Answers the n-th query in flight after `latency(n)` seconds: a tail of any shape, exactly."""
+
+    def __init__(self, latency: Callable[[int], float]) -> None:
+        self.latency, self.in_flight = latency, 0
+
+    async def submit(self, sequences: Sequence[np.ndarray]) -> None:
+        self.in_flight += len(sequences)
+        try:
+            await asyncio.sleep(self.latency(self.in_flight))
+        finally:
+            self.in_flight -= len(sequences)
+
+
+def _served_gpu(in_flight: int) -> float:
+    """The tail of a GPU pool served over HTTP (H200, bge-large shape, 2026-11-27): 64 ms for one query,
+    a second batch by C = 4, flat while the device has room, then 0.15 ms per query past C = 700."""
+    return 0.064 + 0.07 * min(in_flight - 1, 3) / 3 + 0.00015 * max(0, in_flight - 700)
+
+
+def _profile_served_gpu(target: float) -> Profile:
+    return run_virtual(profile_pool(_CurvePool(_served_gpu).submit, constant_query, target, ProfileOptions(rounds=3)))
+
+
+def test_a_tail_flat_below_the_knee_is_fitted_where_the_queue_sets_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    target = 0.2125
+    optimum = max(c for c in range(1, 5000) if _served_gpu(c) <= target)
+    profile = _profile_served_gpu(target)
+    # An aim at C = 9 met far below the target (the line through 1 and 4 was steep): the profile went on.
+    assert [s.concurrency for s in profile.samples][:3] == [1, 4, 9]
+    assert profile.samples[-2].p99 > target >= profile.samples[-1].p99  # a miss, then the crossing under it
+    assert [s.concurrency for s in fitted_levels(profile.samples)] == [84, 336, 1171, 1344]
+    depth = decide_profile_depth(profile.samples, fit_samples(profile.samples), target).depth
+    assert depth is not None and abs(depth - optimum) <= 0.01 * optimum, (depth, optimum)
+    # With every level in the line, the flat ones pull it down: its aims and crossing land short, and
+    # the depth comes out a fifth under the optimum.
+    monkeypatch.setattr(profile_module, "FIT_SPAN", 10**9)
+    every = _profile_served_gpu(target)
+    depth = decide_profile_depth(every.samples, fit_samples(every.samples), target).depth
+    assert depth is not None and depth < 0.85 * optimum, (depth, optimum)
+
+
+def test_the_line_goes_through_the_levels_within_its_span_of_the_deepest() -> None:
+    levels = [_sample(c, 0.01 * c) for c in (1, 4, 16, 64, 256)]
+    assert [s.concurrency for s in fitted_levels(levels)] == [16, 64, 256]
+    # Fewer than two levels in the span: the next shallower ones join until there are two.
+    far = [_sample(1, 0.01), _sample(4, 0.02), _sample(4, 0.03), _sample(100, 0.5)]
+    assert [(s.concurrency, s.p99) for s in fitted_levels(far)] == [(4, 0.02), (4, 0.03), (100, 0.5)]
+    # A level that failed is not fitted, nor counted as the deepest.
+    failed = [*levels, LevelSample(concurrency=4096, tokens=TOKENS, rounds=5, p99=math.inf, max=math.inf)]
+    assert fitted_levels(failed) == fitted_levels(levels)
 
 
 def test_profile_stops_at_max_concurrency_when_the_slo_is_never_reached() -> None:
@@ -213,7 +273,7 @@ def test_refused_requests_count_as_misses_and_stop_the_profile() -> None:
     assert [(s.concurrency, s.failures) for s in profile.samples] == [(1, 0), (4, 0), (16, 2 * 6)]
     last = profile.samples[-1]
     assert math.isinf(last.p99) and "429" in (last.first_error or "")
-    assert profile.stop_reason == "p99 inf s > SLO 1 s at C=16"
+    assert profile.stop_reason == "p99 inf s > 1 s at C=16"
 
 
 def test_profile_options_are_checked() -> None:
@@ -244,7 +304,7 @@ def test_next_level_aims_past_the_predicted_crossing_once_it_is_in_reach() -> No
     assert next_level(near, 0.2, ProfileOptions()) == (math.ceil(190 * 1.15), True)
     assert next_level(near, 0.2, ProfileOptions(aim_past=0.0)) == (190, True)
     # A fit that puts the crossing below a level that met still moves on, by 1.25x.
-    met_past_the_fit = [_sample(1, 0.1), _sample(100, 0.74), _sample(110, 0.72)]  # crossing at ~109
+    met_past_the_fit = [_sample(10, 0.1), _sample(100, 0.74), _sample(110, 0.72)]  # crossing at ~109
     assert next_level(met_past_the_fit, 0.75, ProfileOptions()) == (138, True)
 
 
@@ -261,7 +321,7 @@ def test_settle_level_needs_a_bracket_and_a_crossing_not_yet_measured() -> None:
     # is not between them: the depth is read off the levels as they stand.
     steep = [_sample(1, 0.01), _sample(50, 0.02), _sample(60, 0.195), _sample(70, 0.25)]
     assert settle_level(steep, 0.2) is None
-    flat = [_sample(1, 0.01), _sample(50, 0.16), _sample(100, 0.19), _sample(110, 0.205)]
+    flat = [_sample(10, 0.01), _sample(50, 0.16), _sample(100, 0.19), _sample(110, 0.205)]
     assert settle_level(flat, 0.2) is None
 
 
