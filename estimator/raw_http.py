@@ -16,6 +16,7 @@ or was cancelled is closed, never lent again: its stream may hold half an answer
 from __future__ import annotations
 
 import asyncio
+import random
 import ssl
 import time
 from collections.abc import AsyncIterator
@@ -105,6 +106,7 @@ class ConnectionPool:
         self.target = target
         self._idle: list[Connection] = []
         self.opened = 0
+        self._random = random.Random()
         self._tls = ssl.create_default_context() if target.tls else None
 
     async def _open(self) -> Connection:
@@ -143,11 +145,22 @@ class ConnectionPool:
         the connection: the first request on it would wait for that accept, and a round that opens
         hundreds at once would time hundreds of accepts. With a `greeting` (a cheap request such as
         GET /health) each new connection is opened and answered once first, OPEN_AT_ONCE at a time.
+
+        Fewer than the pool holds are a random choice of them. The idle list is in the order the last
+        round's answers came, and the last answered sit on the front ends that were slowest: taking
+        those round after round put every request of a level after a deeper one on two of four front
+        ends (bench/ESTIMATOR.md, 2026-11-27, a third session).
         """
-        taken: list[Connection] = []
+        now = time.monotonic()
+        fresh: list[Connection] = []
+        for connection in self._idle:
+            if connection.fresh(now):
+                fresh.append(connection)
+            else:
+                connection.close()
+        self._random.shuffle(fresh)
+        taken, self._idle = fresh[:count], fresh[count:]
         try:
-            while len(taken) < count and (connection := self._take_fresh()) is not None:
-                taken.append(connection)
             while len(taken) < count:
                 wave = min(OPEN_AT_ONCE, count - len(taken))
                 opening = (self._open_greeted(greeting) for _ in range(wave))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 import pytest
 from tokenizers import Tokenizer
@@ -88,25 +89,35 @@ def test_each_request_in_flight_has_its_own_connection_and_rounds_reuse_them(
     assert asyncio.run(body()) == 8  # not 1 (requests queued in the client), not 24
 
 
+async def _answer_each_request(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, on_request: Callable[[bytes], Awaitable[None]]
+) -> None:
+    """A raw HTTP/1.1 server's connection: each request read whole, `on_request(head)`, then 200 "[]"."""
+    try:
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                           if line.lower().startswith(b"content-length:")), 0)
+            await reader.readexactly(length)
+            await on_request(head)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n[]")
+            await writer.drain()
+    except (asyncio.IncompleteReadError, ConnectionError):
+        writer.close()
+
+
 def test_a_round_opens_its_connections_before_the_clock(tokenizer: Tokenizer) -> None:
     """A server that takes a new connection late (a busy loop's accept) delays only the greeting, not
     the round's requests: a jump to many more clients must not time their connects."""
     late_accept = 2.0
     greeted: list[bytes] = []
 
+    async def on_request(head: bytes) -> None:
+        greeted.append(head.split(b" ")[1])
+
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await asyncio.sleep(late_accept)
-        try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                               if line.lower().startswith(b"content-length:")), 0)
-                await reader.readexactly(length)
-                greeted.append(head.split(b" ")[1])
-                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n[]")
-                await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            writer.close()
+        await _answer_each_request(reader, writer, on_request)
 
     async def body() -> tuple[list[tuple[float, str | None]], int]:
         server = await asyncio.start_server(serve, "127.0.0.1", 0)
@@ -122,6 +133,44 @@ def test_a_round_opens_its_connections_before_the_clock(tokenizer: Tokenizer) ->
     outcomes, opened = asyncio.run(body())
     assert opened == 4 and greeted[:4] == [b"/health"] * 4 and greeted[4:] == [b"/embed"] * 4
     assert all(error is None and latency < late_accept for latency, error in outcomes), outcomes
+
+
+def test_a_round_smaller_than_the_pool_takes_connections_from_all_of_it(tokenizer: Tokenizer) -> None:
+    """Two "front ends": the server answers on every other connection it accepts 50 ms late. After a
+    round of 64 the pool holds its connections in the order their answers came; a round of 16 that
+    took them in that order sent all 16 to one "front end" (checked: LIFO order, 16 of 16 on the
+    fast half). A random choice does that with a chance of about 2e-6."""
+    late: dict[int, bool] = {}
+    seen: list[bool] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        slow = len(late) % 2 == 1
+        late[id(writer)] = slow
+
+        async def on_request(head: bytes) -> None:
+            if head.startswith(b"POST"):
+                seen.append(slow)
+                await asyncio.sleep(0.05 if slow else 0.0)
+
+        await _answer_each_request(reader, writer, on_request)
+
+    async def body() -> int:
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        connections = ConnectionPool(Target("127.0.0.1", server.sockets[0].getsockname()[1]))
+        try:
+            texts = ExactLengthTexts(tokenizer)
+            submit = HttpSubmit(connections, texts.text_of)
+            for clients in (64, 16):
+                outcomes = await run_round(submit, [texts.make_query(10) for _ in range(clients)])
+                assert all(error is None for _, error in outcomes), outcomes
+            return connections.opened
+        finally:
+            connections.close()
+            server.close()
+
+    assert asyncio.run(body()) == 64 and sum(late.values()) == 32
+    second = seen[64:]
+    assert len(second) == 16 and 0 < sum(second) < 16, second
 
 
 def test_a_request_timed_out_mid_answer_closes_its_connection(sim_server_factory, tokenizer: Tokenizer) -> None:
