@@ -14,7 +14,7 @@ After one unrecorded warm-up round, every level gets the same `rounds`:
 The line goes through the levels within `FIT_SPAN` of the deepest one, not all of them: on a GPU the
 tail is flat, or even concave, from C = 1 to where the device saturates, and linear only past it
 (t = alpha*C + beta holds where the queue sets the tail); levels far below the crossing then tilt the
-line and move its crossing by hundreds of queries (bench/ESTIMATOR.md, 2026-11-27, a third session).
+line and move its crossing by hundreds of queries (bench/ESTIMATOR.md, 2026-11-27, a fourth session).
 Levels never exceed `max_concurrency`; a level there that meets the SLO ends the profile. A pool whose
 first level misses still gets a second, so that a line (and the verdict "unusable") can be fitted.
 Why these rules and what they cost against a stress test: bench/ESTIMATOR.md.

@@ -149,7 +149,7 @@ class ConnectionPool:
         Fewer than the pool holds are a random choice of them. The idle list is in the order the last
         round's answers came, and the last answered sit on the front ends that were slowest: taking
         those round after round put every request of a level after a deeper one on two of four front
-        ends (bench/ESTIMATOR.md, 2026-11-27, a third session).
+        ends (bench/ESTIMATOR.md, 2026-11-27, a fourth session).
         """
         now = time.monotonic()
         fresh: list[Connection] = []
