@@ -69,19 +69,14 @@ FIT_SPAN = 16
 
 
 def fitted_levels(samples: Sequence[LevelSample]) -> list[LevelSample]:
-    """The answered levels the line goes through: those at or above 1/FIT_SPAN of the deepest one,
-    with the next shallower ones added while fewer than two distinct levels remain."""
+    """The answered levels the line goes through, shallowest first: those at or above 1/FIT_SPAN of the
+    deepest one, and always the two deepest distinct levels."""
     usable = sorted(finite_samples(samples), key=lambda s: s.concurrency)
-    if not usable:
-        return []
-    floor = usable[-1].concurrency / FIT_SPAN
-    kept = [s for s in usable if s.concurrency >= floor]
-    below = [s for s in usable if s.concurrency < floor]
-    while below and len({s.concurrency for s in kept}) < 2:
-        level = below[-1].concurrency
-        kept = [s for s in below if s.concurrency == level] + kept
-        below = [s for s in below if s.concurrency != level]
-    return kept
+    levels = sorted({s.concurrency for s in usable})
+    if len(levels) < 2:
+        return usable
+    floor = min(levels[-1] / FIT_SPAN, levels[-2])
+    return [s for s in usable if s.concurrency >= floor]
 
 
 def fit_samples(samples: Sequence[LevelSample]) -> LinearFit | None:
