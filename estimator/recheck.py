@@ -3,8 +3,9 @@
 A machine that shares its cores, caches or memory bandwidth changes speed for seconds to minutes at a
 time, and a depth profiled in a fast spell misses the SLO in a slow one. Two checks tell:
 
-- `CrossingCheck` (free): the settled crossing is the level the fit put at the SLO; its measured tail
-  lands near the SLO when the machine held its speed during the profile.
+- `CrossingCheck` (free): the settled crossing is the level the fit put at the profile's target (the SLO,
+  less the headroom in `windve calibrate`); its measured tail lands near that target when the machine
+  held its speed during the profile.
 - `SpeedCheck` (`--recheck`, one level more): a profiled level measured again after the other stages.
 
 Either one more than `SPEED_TOLERANCE` off says the depth is that uncertain; the report and `windve serve`
@@ -59,15 +60,15 @@ class SpeedCheck:
 
 @dataclass(frozen=True)
 class CrossingCheck:
-    """The level the fit put at the SLO (the settled crossing), as it measured."""
+    """The level the fit put at the profile's target tail (the settled crossing), as it measured."""
 
     concurrency: int
     p99: float
-    slo: float
+    target: float
 
     @property
     def ratio(self) -> float:
-        return self.p99 / self.slo
+        return self.p99 / self.target
 
     @property
     def steady(self) -> bool:
@@ -76,7 +77,7 @@ class CrossingCheck:
     def describe(self) -> str:
         return (
             f"the fitted crossing C={self.concurrency} took {self.p99:.3f} s, {self.ratio:.2f}x the "
-            f"{self.slo:.4g} s tail the fit put it at: the machine changed speed during the profile, or the "
+            f"{self.target:.4g} s tail the fit put it at: the machine changed speed during the profile, or the "
             f"tail is not linear there, and the depth may be off by as much; {_MORE_MARGIN}"
         )
 
@@ -93,10 +94,10 @@ def reference_level(samples: Sequence[LevelSample], settled: int | None = None) 
     return crossing or max(answered, key=lambda s: s.concurrency, default=None)
 
 
-def crossing_check(samples: Sequence[LevelSample], settled: int | None, slo: float) -> CrossingCheck | None:
-    """The settled crossing against the SLO; None when the profile settled none."""
+def crossing_check(samples: Sequence[LevelSample], settled: int | None, target: float) -> CrossingCheck | None:
+    """The settled crossing against the tail the profile aimed at; None when the profile settled none."""
     sample = settled_sample(samples, settled)
-    return None if sample is None else CrossingCheck(sample.concurrency, sample.p99, slo)
+    return None if sample is None else CrossingCheck(sample.concurrency, sample.p99, target)
 
 
 async def recheck_speed(
