@@ -8,8 +8,8 @@ time, and a depth profiled in a fast spell misses the SLO in a slow one. Two che
   held its speed during the profile.
 - `SpeedCheck` (`--recheck`, one level more): a profiled level measured again after the other stages.
 
-Either one more than `SPEED_TOLERANCE` off says the depth is that uncertain; the report and `windve serve`
-say so.
+Either one more than `SPEED_TOLERANCE` off says the depth is that uncertain; the report says so, and
+`windve serve` warns when the crossing measured slower than the fit put it (a depth that may be too deep).
 """
 
 from __future__ import annotations
@@ -74,11 +74,27 @@ class CrossingCheck:
     def steady(self) -> bool:
         return same_speed(self.ratio)
 
+    @property
+    def slower(self) -> bool:
+        """Off and slower than the fit put it: the depth may be too deep for the SLO. Off and faster
+        (a tail flat up to where the queue starts to tell, as a GPU's served over HTTP is, bends up
+        under the line through it), the depth errs shallow, and more headroom would be the wrong
+        advice."""
+        return not self.steady and self.ratio > 1
+
     def describe(self) -> str:
-        return (
+        measured = (
             f"the fitted crossing C={self.concurrency} took {self.p99:.3f} s, {self.ratio:.2f}x the "
-            f"{self.target:.4g} s tail the fit put it at: the machine changed speed during the profile, or the "
-            f"tail is not linear there, and the depth may be off by as much; {_MORE_MARGIN}"
+            f"{self.target:.4g} s tail the fit put it at"
+        )
+        if self.ratio < 1:
+            return (
+                f"{measured}: the tail is not linear there, or the machine sped up during the profile; the "
+                "depth errs shallow by up to as much (a stress test, --stress-test, tells)"
+            )
+        return (
+            f"{measured}: the machine changed speed during the profile, or the tail is not linear there, "
+            f"and the depth may be off by as much; {_MORE_MARGIN}"
         )
 
 

@@ -59,7 +59,7 @@ def depth_from_calibration(calibration: Calibration, pool: str, slo: float, orig
         log.warning("pool %s calibration: %s", pool, measured.recheck.describe())
     moved = calibration.crossing_moved(pool)
     if moved is not None:
-        log.warning("pool %s calibration: %s", pool, moved.describe())
+        log.log(logging.WARNING if moved.slower else logging.INFO, "pool %s calibration: %s", pool, moved.describe())
     charge = TokenCharge()
     if token_budget is not None and measured.length_fit is not None:
         charge = token_charge_for(measured.length_fit)
