@@ -20,7 +20,9 @@ asked again, uses no release.
 
 A parked client's request is answered as soon as it is read, BUSY if there is still no room: the
 429 is never held back, but under a storm a client that re-asks at once waits about (parked
-connections) / (per_answer x answers a second) for it to be read. The kernel stamps when its
+connections) / (per_answer x answers a second) for it to be read. One release per answer keeps the
+refusals' CPU below the answers': where front ends set the rate (a GPU host), every refusal a
+front end reads is CPU its admitted requests wait for. The kernel stamps when its
 bytes arrived (SO_TIMESTAMPNS, read with MSG_PEEK at release), so its time to answer counts that
 wait, and the gate refuses a request that waited longer than the SLO leaves beyond the pools'
 live p99 (gate.py `lane_budget`).
@@ -41,7 +43,11 @@ from collections.abc import Callable
 from windve.frontend.arrival_stamps import peek_arrival, readable_socket
 
 PER_STEP = 64  # connections released per loop step at most: the most refusals a step reads ahead of other work
-PER_ANSWER = 4  # connections released per answer the front end gives (not a refusal)
+# Connections released per answer the front end gives (not a refusal): refusals of clients that re-ask
+# at once at most match the answers. At 4, on an H200 host at 10x the depth, they were 2.4 per 200 and
+# took the front ends' CPU per 200 from ~1,050 us to ~1,450: 0.5-2.6 % of the 200s over the SLO, against
+# 0.01 % at 1 (bench/SERVED.md, 2026-11-27, a fifth session).
+PER_ANSWER = 1
 FLOOR_PER_SECOND = 64  # released whatever the answers, so that no parked connection waits for ever
 PATIENCE = 1.0  # seconds: the least Retry-After a 429 carries (http_protocol: a patient client's wake)
 _TCP_CLOSE_WAIT = 8  # tcp_info's first byte, the connection's state (linux/tcp_states.h)
