@@ -79,10 +79,10 @@ class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
 
     def _read_now(self) -> None:
         """Read a new connection's first request now if it is already in the socket, as it mostly
-        is: this runs the loop step after the accept (event_loop.py), and the socket's reader is
-        registered for the select after that. Under load each step is a sweep of every ready
-        socket, and a readiness probe, on a new connection each time, waited one more for its
-        answer (bench/SERVED.md). Nothing there (EAGAIN): the reader reads it when it comes."""
+        is: this runs at the accept (event_loop.py), and the socket's reader reports it only at the
+        next select. Under load each step is a sweep of every ready socket, and a readiness probe,
+        on a new connection each time, waited one more for its answer (bench/SERVED.md). Nothing
+        there (EAGAIN): the reader reads it when it comes."""
         read = getattr(self.transport, "_read_ready", None)  # the transport's reader callback
         if read is not None and not self.transport.is_closing():
             read()
