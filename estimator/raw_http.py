@@ -151,13 +151,9 @@ class ConnectionPool:
         those round after round put every request of a level after a deeper one on two of four front
         ends (bench/ESTIMATOR.md, 2026-11-27, a fourth session).
         """
-        now = time.monotonic()
         fresh: list[Connection] = []
-        for connection in self._idle:
-            if connection.fresh(now):
-                fresh.append(connection)
-            else:
-                connection.close()
+        while (connection := self._take_fresh()) is not None:  # every idle one: the stale closed
+            fresh.append(connection)
         self._random.shuffle(fresh)
         taken, self._idle = fresh[:count], fresh[count:]
         try:
