@@ -93,18 +93,19 @@ def fitted_crossing(samples: Sequence[LevelSample], slo: float) -> float | None:
     return None if fit is None else fit.crossing(slo)
 
 
-def next_level(samples: Sequence[LevelSample], slo: float, options: ProfileOptions) -> tuple[int, bool]:
-    """(the next level, whether it is the aimed one) after `samples`, none of which missed."""
+def next_level(samples: Sequence[LevelSample], slo: float, options: ProfileOptions) -> int:
+    """The level after `samples`, none of which missed: the next growth step, or the aimed level once
+    the line puts the crossing within that step."""
     deepest = max(sample.concurrency for sample in samples)
     grown = min(options.max_concurrency, deepest * options.growth)
     crossing = fitted_crossing(samples, slo)
     if crossing is None:
-        return grown, False
+        return grown
     aim = math.ceil(crossing * (1 + options.aim_past))
     if aim > deepest * options.growth:
-        return grown, False
+        return grown
     # A fit that puts the crossing at or below a level that met still moves on.
-    return min(options.max_concurrency, max(aim, math.ceil(deepest * 1.25))), True
+    return min(options.max_concurrency, max(aim, math.ceil(deepest * 1.25)))
 
 
 def settle_level(samples: Sequence[LevelSample], slo: float, cap: int = DEFAULT_DEPTH_CAP) -> int | None:
@@ -194,7 +195,7 @@ async def profile_pool(
         if level >= o.max_concurrency:
             reason = f"reached max concurrency {o.max_concurrency} within the SLO"
             break
-        level, _ = next_level(samples, slo, o)
+        level = next_level(samples, slo, o)
     settled = settle_level(samples, slo, o.max_concurrency)
     if settled is not None:
         await measure(settled)

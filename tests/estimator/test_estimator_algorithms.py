@@ -292,20 +292,20 @@ def _sample(concurrency: int, p99: float) -> LevelSample:
 def test_next_level_grows_while_the_crossing_is_beyond_the_next_step() -> None:
     options = ProfileOptions()
     far = [_sample(1, 0.010), _sample(4, 0.013)]  # 1 ms per query: crossing ~ 1000
-    assert next_level(far, 1.0, options) == (16, False)
-    assert next_level(far, 1.0, ProfileOptions(growth=2)) == (8, False)
-    assert next_level(far, 1.0, ProfileOptions(max_concurrency=10)) == (10, False)
+    assert next_level(far, 1.0, options) == 16
+    assert next_level(far, 1.0, ProfileOptions(growth=2)) == 8
+    assert next_level(far, 1.0, ProfileOptions(max_concurrency=10)) == 10
     flat = [_sample(1, 0.010), _sample(4, 0.010)]  # no slope: no crossing to aim at
-    assert next_level(flat, 1.0, options) == (16, False)
+    assert next_level(flat, 1.0, options) == 16
 
 
 def test_next_level_aims_past_the_predicted_crossing_once_it_is_in_reach() -> None:
     near = [_sample(1, 0.011), _sample(4, 0.014), _sample(16, 0.026), _sample(64, 0.074)]  # 1 ms per query + 10 ms
-    assert next_level(near, 0.2, ProfileOptions()) == (math.ceil(190 * 1.15), True)
-    assert next_level(near, 0.2, ProfileOptions(aim_past=0.0)) == (190, True)
+    assert next_level(near, 0.2, ProfileOptions()) == math.ceil(190 * 1.15)
+    assert next_level(near, 0.2, ProfileOptions(aim_past=0.0)) == 190
     # A fit that puts the crossing below a level that met still moves on, by 1.25x.
     met_past_the_fit = [_sample(10, 0.1), _sample(100, 0.74), _sample(110, 0.72)]  # crossing at ~109
-    assert next_level(met_past_the_fit, 0.75, ProfileOptions()) == (138, True)
+    assert next_level(met_past_the_fit, 0.75, ProfileOptions()) == 138
 
 
 def test_settle_level_needs_a_bracket_and_a_crossing_not_yet_measured() -> None:
