@@ -4,7 +4,7 @@ The encoder comes from transformers; pooling and the Dense layers are windve.eng
 
 On accelerators a batch is padded to a multiple of SHAPE_STEP rows and tokens. The queue manager
 forms batches of any size and length, and on a GPU the first forward at a shape not met before
-costs more than the next ones. Measured on an H100 (bench/launch.py, bench/SERVED.md): 51-128 ms
+costs more than the next ones. Measured on an H100 (bench/launch.py, bench/SERVED.md): 51-78 ms
 more with cuDNN's attention, which builds a graph per shape (so prepare_device turns it off), and
 6-13 ms more without it. Steps of 8 bound the shapes to (queries / 8) x (tokens / 8) and waste at
 most 7 rows and 7 tokens of arithmetic. CPUs pay nothing for a new shape, so CPU batches keep

@@ -1,5 +1,6 @@
-"""A front-end process of a multi-process `windve serve`: uvicorn on the listening socket the
-parent opened (every front end accepts from it), talking to the parent's dispatcher.
+"""A front-end process of a multi-process `windve serve`: uvicorn on a listening socket the parent
+opened for it (one per front end, all on the service's port with SO_REUSEPORT), talking to the
+parent's dispatcher.
 
 Started by the parent as `python -m windve.frontend.process --fd N --settings FILE
 --dispatcher ADDRESS --board FILE`; the parent's environment sets PROMETHEUS_MULTIPROC_DIR,
