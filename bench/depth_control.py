@@ -7,6 +7,10 @@ adaptive one falls until the tail meets it, and comes back after. Exact and dete
 QueueManager runs on a virtual clock (queue_manager.simulation), a 100 s run takes well under a second.
 
     python bench/depth_control.py [--window 2] [--slo 1.0] [--seed-depth 56]
+
+Other pools and slowdowns: `--per-batch`, `--per-query`, `--max-batch-size`, `--arrival-rate`,
+`--slowdown`, `--slow-at`, `--recover-at`, `--end` (Scenario's fields; bench/DEPTH_CONTROL.md has
+runs with a batch-bound pool and with a short stall).
 """
 
 from __future__ import annotations
@@ -43,7 +47,10 @@ def table(scenario: Scenario, records: dict[str, Record], width: float) -> list[
 def summary(scenario: Scenario, records: dict[str, Record]) -> list[str]:
     lines = []
     for mode, record in records.items():
-        slow = [record.p99_answered(t, t + 1) for t in range(int(scenario.slow_at) + 10, int(scenario.recover_at))]
+        # Once the controller has had 10 s to meet the slowdown (all of it for a shorter one).
+        settled = min(scenario.slow_at + 10, scenario.recover_at - 1)
+        slow = [record.p99_answered(t, t + 1) for t in range(int(settled), int(scenario.recover_at))]
+        worst = max((tail for tail in slow if tail is not None), default=None)
         before = record.depth_at(scenario.slow_at)
         back = next(
             (t for t in range(int(scenario.recover_at), int(scenario.end)) if record.depth_at(t) >= 0.8 * before), None
@@ -51,7 +58,9 @@ def summary(scenario: Scenario, records: dict[str, Record]) -> list[str]:
         moves = sum(a != b for (_, a), (_, b) in zip(record.depths, record.depths[1:]))
         lines.append(
             f"{mode:>8}: {len(record.answers)} answered, {len(record.refused)} BUSY, {moves} depth moves; "
-            f"worst 1 s p99 from slowdown+10 s to recovery {max(slow):.3f} s (SLO {scenario.slo:g} s); "
+            f"worst 1 s p99 from {settled - scenario.slow_at:g} s into the slowdown to recovery "
+            + ("-" if worst is None else f"{worst:.3f} s")
+            + f" (SLO {scenario.slo:g} s); "
             f"depth back to >= 80% of {before} "
             + (f"{back - scenario.recover_at:.0f} s after recovery" if back is not None else "never")
         )
@@ -63,8 +72,15 @@ def main() -> None:
     parser.add_argument("--window", type=float, default=2.0, help="seconds per table row")
     parser.add_argument("--slo", type=float, default=Scenario.slo)
     parser.add_argument("--seed-depth", type=int, default=Scenario.seed_depth)
+    for name in ("per_batch", "per_query", "arrival_rate", "slowdown", "slow_at", "recover_at", "end"):
+        parser.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(Scenario, name))
+    parser.add_argument("--max-batch-size", type=int, default=Scenario.max_batch_size)
     args = parser.parse_args()
-    scenario = replace(Scenario(), slo=args.slo, seed_depth=args.seed_depth)
+    fields = ("slo", "seed_depth", "per_batch", "per_query", "arrival_rate", "slowdown", "slow_at", "recover_at",
+              "end", "max_batch_size")
+    scenario = replace(Scenario(), **{name: getattr(args, name) for name in fields})
+    if not 0 <= scenario.slow_at < scenario.recover_at <= scenario.end:
+        parser.error("the slowdown must start before it ends, within the run (--slow-at < --recover-at <= --end)")
     records = {mode: run_scenario(scenario, mode) for mode in ("static", "adaptive")}
     print(
         f"pool: batches of <= {scenario.max_batch_size} in {scenario.per_batch} + {scenario.per_query}*n s, "
