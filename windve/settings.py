@@ -85,7 +85,7 @@ class Settings(BaseSettings):
     depth_control: Literal["adaptive", "static"] = "adaptive"
     depth_cap: float = Field(2.0, ge=1.0)  # adaptive depth <= calibrated or probed depth x this
     bulk_share: float = Field(0.5, gt=0, le=1)  # share of a pool's depth that bulk requests may hold
-    heartbeat_timeout_seconds: float = Field(5.0, gt=0)  # engine process silent this long = dead
+    heartbeat_timeout_seconds: float = Field(5.0, gt=0)  # an engine or serving front end silent this long = dead
 
     # Devices
     device: Literal["auto", "cpu", "cuda", "npu"] = "auto"

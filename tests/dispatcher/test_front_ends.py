@@ -8,6 +8,7 @@ real `windve serve --http-workers 2` over HTTP on 127.0.0.1.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import os
 import signal
 import time
@@ -146,6 +147,37 @@ def test_killing_a_front_end_loses_no_query_of_the_other(tmp_path, reference_mod
         assert "exited" in server.log()
         assert _embed(server.url, ["after the restart"]).status_code == 200
     finally:
+        server.stop()
+
+
+def test_a_front_end_that_stops_beating_is_killed_and_replaced(tmp_path):
+    """A front end whose event loop stops turning (here SIGSTOP) holds the connections the kernel
+    hashes to its listening socket. It stops beating, and the parent kills it and starts another on
+    the same socket; the other front end is left alone."""
+    server = _two_front_ends(tmp_path, heartbeat_timeout_seconds=3.0)
+    victim = None
+    try:
+        victim, other = _info(server)["dispatcher"]["front_ends"]
+        os.kill(victim, signal.SIGSTOP)
+        stopped = time.monotonic()
+        deadline = stopped + 120
+        front_ends: list[int] = [victim, other]
+        while time.monotonic() < deadline:
+            # A request the kernel hashes to the stopped front end's socket waits for its replacement.
+            front_ends = httpx.get(server.url + "/info", timeout=120).json()["dispatcher"]["front_ends"]
+            if len(front_ends) == 2 and victim not in front_ends:
+                break
+            time.sleep(0.1)  # polling a condition with a deadline
+        assert len(front_ends) == 2 and victim not in front_ends and other in front_ends, front_ends
+        assert time.monotonic() - stopped >= 3.0  # not before its heartbeat timed out
+        assert not _alive(victim)
+        assert f"(pid {victim}) silent for" in server.log()
+        answers = [_embed(server.url, [f"after the replacement {i}"]) for i in range(4)]
+        assert [getattr(answer, "status_code", answer) for answer in answers] == [200] * 4
+    finally:
+        if victim is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(victim, signal.SIGCONT)  # if the test failed before the parent killed it
         server.stop()
 
 

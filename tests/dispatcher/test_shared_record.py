@@ -17,7 +17,7 @@ import time
 import pytest
 
 from windve.dispatcher.board import OK, StateBoard
-from windve.engine_process.heartbeat import HeartbeatBoard
+from windve.heartbeat import HeartbeatBoard
 from windve.shared_record import SharedRecord, TornRead
 
 LAYOUT = struct.Struct("<qqd")  # i, 3*i, float(i): a record is whole when the three agree

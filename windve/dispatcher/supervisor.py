@@ -6,7 +6,10 @@ processes at once (they answer /health 503 while the engines load), then loads t
 and runs the dispatcher on its own loop. A pool that needs the warm-up probe is probed from
 here once every front end serves, over HTTP on that port (windve.probe); /health says ok
 after. A front end that dies is replaced, and the queries
-it had admitted are cancelled; no other front end's query is touched. SIGTERM drains: the
+it had admitted are cancelled; no other front end's query is touched. So is one that serves and
+then stops stamping its heartbeat board for `heartbeat_timeout_seconds` (a stalled event loop, a
+SIGSTOP): it is killed first. Its listening socket stays here, so the connections the kernel
+hashed to it wait for its replacement rather than for ever. SIGTERM drains: the
 board says draining (new requests get BUSY), every front end finishes what it admitted and
 exits, then the engines stop.
 """
@@ -29,6 +32,7 @@ from windve.dispatcher import messages
 from windve.dispatcher.board import StateBoard
 from windve.dispatcher.server import DispatcherServer
 from windve.gc_tuning import tune_gc_for_serving
+from windve.heartbeat import HeartbeatBoard
 from windve.probe import loopback
 from windve.service import Runtime
 from windve.settings import Settings
@@ -37,6 +41,7 @@ log = logging.getLogger("windve.dispatcher")
 
 RESTART_BACKOFF = (0.5, 1.0, 2.0, 5.0)
 FRONT_ENDS_START_SECONDS = 60.0  # the warm-up probe waits this long at most for every front end to serve
+WATCH_SECONDS = 0.25  # how often the keeper of a front end looks at its heartbeat
 
 
 class Supervisor:
@@ -155,30 +160,71 @@ class Supervisor:
 
     async def _keep_front_end(self, index: int, workdir: Path, listener: socket.socket, server: DispatcherServer):
         failures = 0
-        while not self.stopping:
-            process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "windve.frontend.process",
-                "--fd", str(listener.fileno()),
-                "--settings", str(workdir / "settings.json"),
-                "--dispatcher", f"ipc://{workdir}/dispatcher",
-                "--board", str(workdir / "board"),
-                "--drain-seconds", str(self.drain_seconds),
-                pass_fds=(listener.fileno(),),
-                env=os.environ | {"PROMETHEUS_MULTIPROC_DIR": str(workdir / "metrics")},
-            )
-            self._fronts[index] = process
-            code = await process.wait()
-            if self.stopping:
-                return
-            cancelled = server.forget_client(messages.front_end_identity(process.pid))
-            _mark_metrics_dead(process.pid, workdir / "metrics")
-            failures += 1
-            delay = RESTART_BACKOFF[min(failures - 1, len(RESTART_BACKOFF) - 1)]
-            log.error(
-                "front end %d (pid %d) exited with %s; %d of its requests cancelled; restarting in %.1f s",
-                index, process.pid, code, cancelled, delay,
-            )
-            await asyncio.sleep(delay)  # back-off before a restart, not a wait for a condition
+        heartbeat = HeartbeatBoard()
+        try:
+            while not self.stopping:
+                heartbeat.reset()
+                process = await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", "windve.frontend.process",
+                    "--fd", str(listener.fileno()),
+                    "--settings", str(workdir / "settings.json"),
+                    "--dispatcher", f"ipc://{workdir}/dispatcher",
+                    "--board", str(workdir / "board"),
+                    "--drain-seconds", str(self.drain_seconds),
+                    "--heartbeat-fd", str(heartbeat.fd),
+                    pass_fds=(listener.fileno(), heartbeat.fd),
+                    env=os.environ | {"PROMETHEUS_MULTIPROC_DIR": str(workdir / "metrics")},
+                )
+                self._fronts[index] = process
+                code = await self._watch(index, process, heartbeat, server)
+                if self.stopping:
+                    return
+                failures += 1
+                await self._replace(index, process, code, failures, workdir, server)
+        finally:
+            heartbeat.close()
+
+    async def _watch(
+        self, index: int, process: asyncio.subprocess.Process, heartbeat: HeartbeatBoard, server: DispatcherServer
+    ) -> int:
+        """Until the front end exits (its code). One that serves and stops beating is killed: not
+        before it serves, since a start (imports, the tokenizer) may hold its loop for seconds on a
+        busy host, and not while the service drains, which has its own bound."""
+        identity = messages.front_end_identity(process.pid)
+        timeout = self.settings.heartbeat_timeout_seconds
+        exited = asyncio.ensure_future(process.wait())
+        killed = False
+        try:
+            while True:
+                done, _ = await asyncio.wait({exited}, timeout=WATCH_SECONDS)
+                if done:
+                    return exited.result()
+                if killed or self.stopping or identity not in server.serving:
+                    continue
+                silent = heartbeat.age()
+                if silent > timeout:
+                    log.error("front end %d (pid %d) silent for %.1f s (heartbeat_timeout_seconds %g): killed",
+                              index, process.pid, silent, timeout)
+                    with contextlib.suppress(ProcessLookupError):
+                        process.kill()
+                    killed = True
+        finally:
+            exited.cancel()  # done already, unless the keeper itself is cancelled
+
+    async def _replace(
+        self, index: int, process: asyncio.subprocess.Process, code: int, failures: int, workdir: Path,
+        server: DispatcherServer,
+    ) -> None:
+        """Cancel what the front end that exited had admitted, then wait out a back-off before its
+        replacement starts."""
+        cancelled = server.forget_client(messages.front_end_identity(process.pid))
+        _mark_metrics_dead(process.pid, workdir / "metrics")
+        delay = RESTART_BACKOFF[min(failures - 1, len(RESTART_BACKOFF) - 1)]
+        log.error(
+            "front end %d (pid %d) exited with %s; %d of its requests cancelled; restarting in %.1f s",
+            index, process.pid, code, cancelled, delay,
+        )
+        await asyncio.sleep(delay)  # back-off before a restart, not a wait for a condition
 
 
 def open_listeners(host: str, port: int, count: int) -> list[socket.socket]:

@@ -32,10 +32,10 @@ from windve.cpu.bert_shapes import check_tp_degree, read_bert_shapes
 from windve.cpu.layout import GroupLayout
 from windve.cpu.shm import Segment
 from windve.engine_process import wire
-from windve.engine_process.heartbeat import HeartbeatBoard
 from windve.engine_process.launch import RankProcess
 from windve.engine_process.worker import RankPlan
 from windve.engines.factory import resolve_dtype
+from windve.heartbeat import HeartbeatBoard
 from windve.model import ModelSpec
 
 WARMUP = np.arange(1, 9, dtype=np.int32)  # valid ids for any vocabulary

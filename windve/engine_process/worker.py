@@ -65,7 +65,7 @@ class RankPlan:
     layout: GroupLayout | None = None
     reduce_timeout: float = 10.0
     device: str = "cpu"  # cpu | cuda:N | npu:N
-    heartbeat_fd: int | None = None  # inherited memfd (windve.engine_process.heartbeat)
+    heartbeat_fd: int | None = None  # inherited memfd (windve.heartbeat)
 
     def to_json(self) -> bytes:
         fields = dataclasses.asdict(self)
@@ -99,7 +99,7 @@ def rank_main(plan: RankPlan, conn: Connection) -> None:
     pin_process(plan.cores)
     membind = bind_memory(plan.numa_node)
     if plan.heartbeat_fd is not None:
-        from windve.engine_process.heartbeat import start_beating
+        from windve.heartbeat import start_beating
 
         start_beating(plan.heartbeat_fd)
     from windve.engine_process import wire

@@ -19,6 +19,7 @@ from windve.frontend.priority import lower_this_thread
 from windve.frontend.routes import router
 from windve.frontend.tokenize_limits import BUDGET_REQUESTS, TokenBudget
 from windve.gc_tuning import tune_gc_for_serving
+from windve.heartbeat import beat_on_loop
 from windve.probe import Listening
 from windve.settings import Settings
 
@@ -32,20 +33,26 @@ def create_app(
     start_runtime: RuntimeFactory = start_local_front_end,
     on_fatal=None,
     listening: Listening | None = None,
+    heartbeat_fd: int | None = None,
 ) -> FastAPI:
     """The app answers at once (/health 503) and loads the model in the background.
 
     `on_fatal(message)` is called when the runtime cannot start, so the server can exit.
     `listening` says where the server that serves this app listens, once it does: the warm-up
     probe of a runtime in this process goes there over HTTP (None: it probes in-process).
+    `heartbeat_fd`: a heartbeat board of the parent's (windve.heartbeat), stamped from this
+    server's event loop while it serves.
     """
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        stop_beating = beat_on_loop(heartbeat_fd) if heartbeat_fd is not None else None
         task = asyncio.create_task(_start(app, settings, start_runtime, on_fatal, listening))
         try:
             yield
         finally:
+            if stop_beating is not None:
+                stop_beating()
             task.cancel()
             runtime = app.state.runtime
             if runtime is not None:

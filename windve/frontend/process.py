@@ -3,8 +3,10 @@ opened for it (one per front end, all on the service's port with SO_REUSEPORT), 
 parent's dispatcher.
 
 Started by the parent as `python -m windve.frontend.process --fd N --settings FILE
---dispatcher ADDRESS --board FILE`; the parent's environment sets PROMETHEUS_MULTIPROC_DIR,
-so that /metrics adds up every front end's counters.
+--dispatcher ADDRESS --board FILE [--heartbeat-fd M]`; the parent's environment sets
+PROMETHEUS_MULTIPROC_DIR, so that /metrics adds up every front end's counters. The event loop
+stamps the heartbeat board M (windve.heartbeat) while it turns: the parent kills a front end
+that serves and falls silent, and starts another.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dispatcher", required=True)
     parser.add_argument("--board", type=Path, required=True)
     parser.add_argument("--drain-seconds", type=int, default=30)
+    parser.add_argument("--heartbeat-fd", type=int, default=None)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = Settings(**json.loads(args.settings.read_text()))
@@ -62,7 +65,12 @@ def main(argv: list[str] | None = None) -> int:
     from windve.frontend.context import remote_front_end_factory
 
     fatal: list[str] = []
-    app = create_app(settings, remote_front_end_factory(args.dispatcher, args.board), on_fatal=fatal.append)
+    app = create_app(
+        settings,
+        remote_front_end_factory(args.dispatcher, args.board),
+        on_fatal=fatal.append,
+        heartbeat_fd=args.heartbeat_fd,
+    )
     uvicorn.Server(uvicorn_config(app, settings, args.drain_seconds, fd=args.fd)).run()
     return 1 if fatal else 0
 

@@ -1,20 +1,26 @@
-"""A liveness beat from an engine process to the dispatcher, through a shared 8-byte stamp.
+"""A liveness beat from a child process to its parent, through a shared 8-byte stamp.
 
-The worker's beating thread stamps CLOCK_MONOTONIC (the same clock in every process of
-the machine) into a memfd the parent created and passed down; the parent reads the stamp
-whenever it likes. A SIGSTOPped, deadlocked or swapped-out worker stops stamping, which a
-pipe alone never tells: its socket stays open and silent. Torch and onnxruntime release
-the GIL in their kernels, so a long batch does not silence a healthy worker.
+The child stamps CLOCK_MONOTONIC (the same clock in every process of the machine) into a memfd
+the parent created and passed down; the parent reads the stamp whenever it likes. A SIGSTOPped,
+deadlocked or swapped-out child stops stamping, which a pipe or a socket alone never tells: it
+stays open and silent.
+
+An engine process beats from a thread (`start_beating`): torch and onnxruntime release the GIL in
+their kernels, so a long batch does not silence a healthy worker. A front end beats from its
+event loop (`beat_on_loop`): what it must show is that its loop turns, since a loop that stalls
+holds every connection the kernel hashed to its listening socket.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import mmap
 import os
 import struct
 import threading
 import time
+from collections.abc import Callable
 
 from windve.shared_record import SharedRecord, TornRead
 
@@ -84,3 +90,24 @@ def start_beating(fd: int, period: float = BEAT_SECONDS) -> threading.Thread:
     thread = threading.Thread(target=beat, name="heartbeat", daemon=True)
     thread.start()
     return thread
+
+
+def beat_on_loop(fd: int, period: float = BEAT_SECONDS) -> Callable[[], None]:
+    """A front end's side: stamp the board from the running event loop every `period` seconds, so
+    that the stamp ages when the loop stops turning. Returns the function that stops the beat."""
+    board = SharedRecord(mmap.mmap(fd, SharedRecord.size(_STAMP)), _STAMP)
+    os.close(fd)
+    loop = asyncio.get_running_loop()
+    handle: asyncio.TimerHandle | None = None
+
+    def beat() -> None:
+        nonlocal handle
+        board.write(time.monotonic())
+        handle = loop.call_later(period, beat)
+
+    def stop() -> None:
+        if handle is not None:
+            handle.cancel()
+
+    beat()
+    return stop
