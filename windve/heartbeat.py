@@ -7,7 +7,7 @@ stays open and silent.
 
 An engine process beats from a thread (`start_beating`): torch and onnxruntime release the GIL in
 their kernels, so a long batch does not silence a healthy worker. A front end beats from its
-event loop (`beat_on_loop`): what it must show is that its loop turns, since a loop that stalls
+event loop (`LoopBeat`): what it must show is that its loop turns, since a loop that stalls
 holds every connection the kernel hashed to its listening socket.
 """
 
@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import mmap
 import os
 import struct
 import threading
 import time
-from collections.abc import Callable
 
 from windve.shared_record import SharedRecord, TornRead
 
@@ -92,22 +92,37 @@ def start_beating(fd: int, period: float = BEAT_SECONDS) -> threading.Thread:
     return thread
 
 
-def beat_on_loop(fd: int, period: float = BEAT_SECONDS) -> Callable[[], None]:
-    """A front end's side: stamp the board from the running event loop every `period` seconds, so
-    that the stamp ages when the loop stops turning. Returns the function that stops the beat."""
-    board = SharedRecord(mmap.mmap(fd, SharedRecord.size(_STAMP)), _STAMP)
-    os.close(fd)
-    loop = asyncio.get_running_loop()
-    handle: asyncio.TimerHandle | None = None
+class LoopBeat:
+    """A front end's side: stamps the board from the running event loop, so that the stamp ages
+    when the loop stops running its callbacks.
 
-    def beat() -> None:
-        nonlocal handle
-        board.write(time.monotonic())
-        handle = loop.call_later(period, beat)
+    A timer stamps every `period` seconds, and `progress()` (which the front end calls as it
+    accepts and reads) stamps too once `period` has passed: a timer runs only between loop steps,
+    and under a storm of new connections one accept callback took 0.3-0.7 s on two cores shared
+    by four front ends (bench/SERVED.md). Such a loop is slow, not stalled. What no stamp can tell
+    from a stall is a process the scheduler does not run: the parent's bound is set for that
+    (settings `frontend_heartbeat_timeout_seconds`)."""
 
-    def stop() -> None:
-        if handle is not None:
-            handle.cancel()
+    def __init__(self, fd: int, period: float = BEAT_SECONDS) -> None:
+        self._board = SharedRecord(mmap.mmap(fd, SharedRecord.size(_STAMP)), _STAMP)
+        os.close(fd)
+        self._period = period
+        self._last = -math.inf
+        self._loop = asyncio.get_running_loop()
+        self._timer: asyncio.TimerHandle | None = None
+        self._tick()
 
-    beat()
-    return stop
+    def progress(self) -> None:
+        """The loop is running a callback: stamp, at most once a period."""
+        now = time.monotonic()
+        if now - self._last >= self._period:
+            self._last = now
+            self._board.write(now)
+
+    def _tick(self) -> None:
+        self.progress()
+        self._timer = self._loop.call_later(self._period, self._tick)
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()

@@ -85,7 +85,11 @@ class Settings(BaseSettings):
     depth_control: Literal["adaptive", "static"] = "adaptive"
     depth_cap: float = Field(2.0, ge=1.0)  # adaptive depth <= calibrated or probed depth x this
     bulk_share: float = Field(0.5, gt=0, le=1)  # share of a pool's depth that bulk requests may hold
-    heartbeat_timeout_seconds: float = Field(5.0, gt=0)  # an engine or serving front end silent this long = dead
+    heartbeat_timeout_seconds: float = Field(5.0, gt=0)  # an engine process silent this long = dead
+    # A serving front end whose event loop is silent this long = stalled. Looser than an engine's:
+    # on two cores shared by four niced front ends, engines and wrk, loops went 1-3 s unscheduled
+    # at 10x the depth (bench/SERVED.md), and a false kill drops every connection it holds.
+    frontend_heartbeat_timeout_seconds: float = Field(30.0, gt=0)
 
     # Devices
     device: Literal["auto", "cpu", "cuda", "npu"] = "auto"

@@ -34,31 +34,42 @@ def test_a_stamp_from_before_the_board_or_the_future_is_not_silence(caplog):
         board.close()
 
 
-def test_a_loop_beat_stamps_while_the_loop_turns_and_ages_while_it_stalls():
-    """A front end beats from its event loop: a loop held by one callback shows as silence."""
+def test_a_loop_beat_stamps_while_the_loop_runs_and_ages_while_it_stalls():
+    """A front end beats from its event loop: a loop held by one callback shows as silence, and a
+    long step whose callbacks read (progress) does not."""
     import asyncio
     import os
 
-    from windve.heartbeat import beat_on_loop
+    from windve.heartbeat import LoopBeat
 
     board = HeartbeatBoard()
 
-    async def scenario() -> tuple[float, float, float, float]:
+    async def scenario() -> tuple[float, float, float, float, float]:
         made = board.stamp()
-        stop = beat_on_loop(os.dup(board.fd), period=0.02)
+        beat = LoopBeat(os.dup(board.fd), period=0.02)
         beaten = board.stamp()  # the first beat is at once
         deadline = time.monotonic() + 10
         while board.stamp() == beaten and time.monotonic() < deadline:
-            await asyncio.sleep(0.005)  # turning the loop until the next beat, bounded
+            await asyncio.sleep(0.005)  # turning the loop until the timer beats again, bounded
         again = board.stamp()
         time.sleep(0.3)  # the loop held by one callback, as a stalled front end's is
         stalled = board.age()
-        stop()
-        return made, beaten, again, stalled
+        # One long step of many callbacks, each reading a request: progress at every one.
+        slowest, longest_callback = 0.0, 0.0
+        end = time.monotonic() + 0.3
+        while (started := time.monotonic()) < end:
+            beat.progress()
+            slowest = max(slowest, board.age())
+            time.sleep(0.001)  # one callback's work
+            longest_callback = max(longest_callback, time.monotonic() - started)
+        beat.stop()
+        # The stamp is at most a period and one callback old, whatever this machine's speed.
+        return made, beaten, again, stalled, slowest - longest_callback
 
     try:
-        made, beaten, again, stalled = asyncio.run(scenario())
+        made, beaten, again, stalled, past_a_callback = asyncio.run(scenario())
         assert made < beaten < again  # the loop beats, and beats again while it turns
         assert stalled >= 0.3  # no beat while it did not turn
+        assert past_a_callback <= 0.02 + 0.005  # a step that reads keeps the stamp a period fresh
     finally:
         board.close()

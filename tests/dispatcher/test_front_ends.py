@@ -154,7 +154,7 @@ def test_a_front_end_that_stops_beating_is_killed_and_replaced(tmp_path):
     """A front end whose event loop stops turning (here SIGSTOP) holds the connections the kernel
     hashes to its listening socket. It stops beating, and the parent kills it and starts another on
     the same socket; the other front end is left alone."""
-    server = _two_front_ends(tmp_path, heartbeat_timeout_seconds=3.0)
+    server = _two_front_ends(tmp_path, frontend_heartbeat_timeout_seconds=3.0)
     victim = None
     try:
         victim, other = _info(server)["dispatcher"]["front_ends"]

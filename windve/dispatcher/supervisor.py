@@ -7,7 +7,7 @@ and runs the dispatcher on its own loop. A pool that needs the warm-up probe is 
 here once every front end serves, over HTTP on that port (windve.probe); /health says ok
 after. A front end that dies is replaced, and the queries
 it had admitted are cancelled; no other front end's query is touched. So is one that serves and
-then stops stamping its heartbeat board for `heartbeat_timeout_seconds` (a stalled event loop, a
+then stops stamping its heartbeat board for `frontend_heartbeat_timeout_seconds` (a stalled event loop, a
 SIGSTOP): it is killed first. Its listening socket stays here, so the connections the kernel
 hashed to it wait for its replacement rather than for ever. SIGTERM drains: the
 board says draining (new requests get BUSY), every front end finishes what it admitted and
@@ -191,7 +191,7 @@ class Supervisor:
         before it serves, since a start (imports, the tokenizer) may hold its loop for seconds on a
         busy host, and not while the service drains, which has its own bound."""
         identity = messages.front_end_identity(process.pid)
-        timeout = self.settings.heartbeat_timeout_seconds
+        timeout = self.settings.frontend_heartbeat_timeout_seconds
         exited = asyncio.ensure_future(process.wait())
         killed = False
         try:
@@ -203,7 +203,7 @@ class Supervisor:
                     continue
                 silent = heartbeat.age()
                 if silent > timeout:
-                    log.error("front end %d (pid %d) silent for %.1f s (heartbeat_timeout_seconds %g): killed",
+                    log.error("front end %d (pid %d) silent for %.1f s (frontend_heartbeat_timeout_seconds %g): killed",
                               index, process.pid, silent, timeout)
                     with contextlib.suppress(ProcessLookupError):
                         process.kill()

@@ -19,7 +19,7 @@ from windve.frontend.priority import lower_this_thread
 from windve.frontend.routes import router
 from windve.frontend.tokenize_limits import BUDGET_REQUESTS, TokenBudget
 from windve.gc_tuning import tune_gc_for_serving
-from windve.heartbeat import beat_on_loop
+from windve.heartbeat import LoopBeat
 from windve.probe import Listening
 from windve.settings import Settings
 
@@ -46,13 +46,15 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        stop_beating = beat_on_loop(heartbeat_fd) if heartbeat_fd is not None else None
+        beat = LoopBeat(heartbeat_fd) if heartbeat_fd is not None else None
+        if beat is not None and hasattr(asyncio.get_running_loop(), "beat"):
+            asyncio.get_running_loop().beat = beat  # the HTTP protocol's reads count as progress
         task = asyncio.create_task(_start(app, settings, start_runtime, on_fatal, listening))
         try:
             yield
         finally:
-            if stop_beating is not None:
-                stop_beating()
+            if beat is not None:
+                beat.stop()
             task.cancel()
             runtime = app.state.runtime
             if runtime is not None:

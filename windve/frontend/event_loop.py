@@ -37,6 +37,7 @@ import time
 from windve.frontend.arrival_stamps import peek_arrival, raw_socket
 from windve.frontend.routes import HEALTH_PATHS
 from windve.frontend.slow_lane import SlowLane
+from windve.heartbeat import LoopBeat
 
 # Request lines of /health, whose answer the HTTP protocol makes at once (http_protocol.py).
 PROBES = tuple(f"{method} {path}{end}".encode() for method in ("GET", "HEAD") for path in HEALTH_PATHS for end in " ?")
@@ -93,6 +94,9 @@ class FrontEndLoop(asyncio.SelectorEventLoop):
         super().__init__(self._stamps)
         # Connections answered BUSY wait here, unread, while the loop serves the others.
         self.slow_lane = SlowLane(self)
+        # The front end's heartbeat (windve.heartbeat.LoopBeat), set by the app where the parent
+        # watches it: reading a request is progress even in a step that lasts seconds.
+        self.beat: LoopBeat | None = None
 
     def _accept_connection(self, protocol_factory, sock, sslcontext=None, server=None, backlog=100, *args):  # noqa: ANN001, ANN202 - asyncio's own signature
         """asyncio's accept (its listening socket's reader), making each plain connection's
@@ -113,6 +117,8 @@ class FrontEndLoop(asyncio.SelectorEventLoop):
                 # and retries after a pause.
                 return super()._accept_connection(protocol_factory, sock, sslcontext, server, backlog, *args)
             conn.setblocking(False)
+            if self.beat is not None:
+                self.beat.progress()  # a burst of accepts is one long callback (windve.heartbeat)
             scheduled = len(self._ready)
             try:
                 self._make_socket_transport(conn, protocol_factory(), extra={"peername": address}, server=server)

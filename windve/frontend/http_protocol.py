@@ -93,6 +93,11 @@ class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
             self._watched = None
         super().connection_lost(exc)
 
+    def data_received(self, data: bytes) -> None:
+        if (beat := getattr(self.loop, "beat", None)) is not None:
+            beat.progress()  # the loop reads: slow maybe, not stalled (windve.heartbeat)
+        super().data_received(data)
+
     def on_message_begin(self) -> None:
         super().on_message_begin()
         # When its bytes arrived, where the loop is the front end's (event_loop.py): this request
