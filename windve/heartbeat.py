@@ -77,10 +77,16 @@ class HeartbeatBoard:
         os.close(self.fd)
 
 
-def start_beating(fd: int, period: float = BEAT_SECONDS) -> threading.Thread:
-    """The worker's side: a daemon thread that stamps the board every `period` seconds."""
+def _child_side(fd: int) -> SharedRecord:
+    """The board behind `fd`, an inherited memfd, mapped; the descriptor itself is closed."""
     board = SharedRecord(mmap.mmap(fd, SharedRecord.size(_STAMP)), _STAMP)
     os.close(fd)
+    return board
+
+
+def start_beating(fd: int, period: float = BEAT_SECONDS) -> threading.Thread:
+    """The worker's side: a daemon thread that stamps the board every `period` seconds."""
+    board = _child_side(fd)
 
     def beat() -> None:
         while True:
@@ -104,8 +110,7 @@ class LoopBeat:
     (settings `frontend_heartbeat_timeout_seconds`)."""
 
     def __init__(self, fd: int, period: float = BEAT_SECONDS) -> None:
-        self._board = SharedRecord(mmap.mmap(fd, SharedRecord.size(_STAMP)), _STAMP)
-        os.close(fd)
+        self._board = _child_side(fd)
         self._period = period
         self._last = -math.inf
         self._loop = asyncio.get_running_loop()

@@ -5,11 +5,11 @@ the kernel spreads new connections evenly), keeps them for the service's life, s
 processes at once (they answer /health 503 while the engines load), then loads the engines
 and runs the dispatcher on its own loop. A pool that needs the warm-up probe is probed from
 here once every front end serves, over HTTP on that port (windve.probe); /health says ok
-after. A front end that dies is replaced, and the queries
-it had admitted are cancelled; no other front end's query is touched. So is one that serves and
-then stops stamping its heartbeat board for `frontend_heartbeat_timeout_seconds` (a stalled event loop, a
-SIGSTOP): it is killed first. Its listening socket stays here, so the connections the kernel
-hashed to it wait for its replacement rather than for ever. SIGTERM drains: the
+after. A front end that dies is replaced, and the queries it had admitted are cancelled; no other
+front end's query is touched. So is one that serves and then stops stamping its heartbeat board
+for `frontend_heartbeat_timeout_seconds` (a stalled event loop, a SIGSTOP): it is killed first.
+Its listening socket stays here, so the connections the kernel hashed to it wait for its
+replacement rather than for ever. SIGTERM drains: the
 board says draining (new requests get BUSY), every front end finishes what it admitted and
 exits, then the engines stop.
 """
