@@ -189,9 +189,14 @@ def test_sigterm_drains_every_process(tmp_path):
     ]
     with concurrent.futures.ThreadPoolExecutor(6) as pool:
         futures = [pool.submit(_embed, server.url, [long_text(i)]) for i in range(6)]
+        # SIGTERM once a front end has read every request (admitted and not yet answered, or
+        # answered): one still connecting then would wait in the listening socket's queue after
+        # the front ends stop accepting, and be reset at exit (docs/operations.md), which is
+        # the drain's documented edge, not what this test is about.
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:  # wait until requests are admitted
-            if sum(p["in_flight"] for p in _info(server)["pools"]) >= 2:
+        while time.monotonic() < deadline:
+            in_flight = sum(p["in_flight"] for p in _info(server)["pools"])
+            if in_flight + sum(future.done() for future in futures) >= len(futures):
                 break
         server.process.send_signal(signal.SIGTERM)
         answers = [future.result() for future in futures]
