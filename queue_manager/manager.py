@@ -21,6 +21,7 @@ from typing import Literal
 import numpy as np
 
 from queue_manager import metrics
+from queue_manager.batching import take_batch, worth_sending_ahead
 from queue_manager.bulk import BulkBacklog
 from queue_manager.depth_control import ControlSettings, DepthController, Move
 from queue_manager.pool import InstanceSlot, Pool, Query, Request, TokenCharge
@@ -29,8 +30,6 @@ from queue_manager.protocol import Busy, Instance, QueryFailed, ShuttingDown, Un
 log = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 2  # a query meets at most this many failing instances before it errors
-LOOKAHEAD = 128  # queued queries a batch looks past the oldest for companions of similar length
-MAX_LENGTH_SPREAD = 1.5  # longest / shortest query in one batch
 RESTART_BACKOFF = (0.5, 1.0, 2.0, 5.0, 10.0)
 BULK_BACKLOG_DEPTHS = 4  # bulk queries waiting for a slot may reach this many times the pools' depths
 UNAVAILABLE_RETRY_AFTER = 2.0  # seconds: about a restart's first backoff plus a model load
@@ -223,7 +222,7 @@ class QueueManager:
         for pool in pools:
             take = min(left, pool.room())
             if pool.token_budget is not None and take:
-                take = self._fit_tokens(pool, sequences[start : start + take])
+                take = pool.fit_tokens(sequences[start : start + take])
             if take < left:
                 pool.note_full(self._now())
             if take:
@@ -233,24 +232,6 @@ class QueueManager:
             if left == 0:
                 break
         return shares, start
-
-    @staticmethod
-    def _fit_tokens(pool: Pool, sequences: Sequence[np.ndarray]) -> int:
-        """How many of `sequences` fit the pool's token budget, in order.
-
-        The budget shrinks by the pool's recent padding (`Pool.padding`): charges count each
-        query's own length, but a batch costs its longest query's for every member. An idle
-        pool takes one query whatever its charge: a query too long to meet the SLO even
-        alone would otherwise be refused forever, and serving it late beats that.
-        """
-        budget = pool.token_budget / pool.padding - pool.tokens_in_flight
-        taken = 0
-        for seq in sequences:
-            budget -= pool.token_charge(len(seq))
-            if budget < 0 and (taken or pool.tokens_in_flight):
-                break
-            taken += 1
-        return taken
 
     async def submit(self, sequences: Sequence[np.ndarray], pool: str | None = None) -> np.ndarray:
         """Embed one request's token-id sequences: float32 [n, dim] in input order.
@@ -338,7 +319,7 @@ class QueueManager:
                 continue
             take = min(left, pool.bulk_room(self.bulk_share))
             if pool.token_budget is not None and take:
-                take = self._fit_tokens(pool, sequences[start : start + take])
+                take = pool.fit_tokens(sequences[start : start + take])
             if take < left:
                 pool.note_full(now)
             for index in range(start, start + take):
@@ -445,36 +426,6 @@ class QueueManager:
 
     # ---- batching --------------------------------------------------------------------
 
-    def _take_batch(self, slot: InstanceSlot) -> list[Query]:
-        """The oldest query, joined by queued queries of similar length.
-
-        Up to the pool's max_batch_size queries and max_batch_tokens padded tokens. A batch is
-        padded to its longest query, so a 16-token query batched with a 256-token one costs 256:
-        companions are taken in FIFO order from the next LOOKAHEAD queries, skipping those
-        whose length would stretch the batch's longest/shortest ratio past MAX_LENGTH_SPREAD.
-        The oldest query always goes first, so nothing waits behind more than a few batches.
-        """
-        queue = slot.queue
-        max_size, max_tokens = slot.pool.max_batch_size, slot.pool.max_batch_tokens
-        head = queue.popleft()
-        batch = [head]
-        longest = shortest = head.tokens
-        skipped = 0
-        while skipped < min(len(queue), LOOKAHEAD) and len(batch) < max_size:
-            candidate = queue[skipped]
-            tokens = candidate.tokens
-            wider_longest, wider_shortest = max(longest, tokens), min(shortest, tokens)
-            fits = (len(batch) + 1) * wider_longest <= max_tokens
-            if fits and wider_longest <= MAX_LENGTH_SPREAD * wider_shortest:
-                del queue[skipped]
-                batch.append(candidate)
-                longest, shortest = wider_longest, wider_shortest
-            elif not fits and tokens <= longest:
-                break  # the batch is full of tokens: nothing queued can join it
-            else:
-                skipped += 1
-        return batch
-
     def _fill_due(self, slot: InstanceSlot) -> None:
         slot.fill_due = False
         self._fill(slot)
@@ -487,9 +438,9 @@ class QueueManager:
         engine's answer and its next batch is an engine idle (bench/SERVED.md).
         """
         while slot.healthy and slot.queue and len(slot.running) < slot.pipeline:
-            if slot.running and not self._worth_sending_ahead(slot):
+            if slot.running and not worth_sending_ahead(slot):
                 break  # the instance computes: its answer fills the next batch (_batch_answered)
-            batch = self._take_batch(slot)
+            batch = take_batch(slot.queue, slot.pool.max_batch_size, slot.pool.max_batch_tokens)
             slot.in_batch += len(batch)
             slot.running.append(batch)
             if slot.pool.token_budget is not None:
@@ -499,15 +450,6 @@ class QueueManager:
                 slot.pool.metrics.queue_time.observe(sent - query.enqueued)
             slot.pool.metrics.batch_tokens.observe(len(batch) * max(query.tokens for query in batch))
             self._launch(slot, batch, sent)
-
-    @staticmethod
-    def _worth_sending_ahead(slot: InstanceSlot) -> bool:
-        """Whether the slot's queue holds the instance's `ahead_fill` of a full batch (counted in
-        queries of the oldest one's length; any queue when it is 0): a batch sent ahead waits in the
-        engine's pipe as it is, and the queries behind it cannot join it."""
-        pool, queue = slot.pool, slot.queue
-        full = max(1, min(pool.max_batch_size, pool.max_batch_tokens // max(1, queue[0].tokens)))
-        return len(queue) >= max(1, math.ceil(full * slot.ahead_fill))
 
     def _launch(self, slot: InstanceSlot, batch: list[Query], sent: float) -> None:
         """Start the batch on the instance. An instance with `submit` starts it in this call and its
@@ -799,36 +741,5 @@ class QueueManager:
                 "queries_waiting": self._backlog.waiting,
                 "backlog_bound": self._backlog_bound(),
             },
-            "pools": [
-                {
-                    "name": pool.name,
-                    "depth": pool.depth,
-                    "seed_depth": pool.seed_depth,
-                    "token_budget": pool.token_budget,
-                    "padding": round(pool.padding, 4),
-                    "token_charge": {
-                        "per_query": pool.token_charge.per_query,
-                        "per_squared_token": pool.token_charge.per_squared_token,
-                    },
-                    "max_batch_size": pool.max_batch_size,
-                    "max_batch_tokens": pool.max_batch_tokens,
-                    "in_flight": pool.in_flight,
-                    "bulk_in_flight": pool.bulk_in_flight,
-                    "queued": sum(len(slot.queue) for slot in pool.instances),
-                    "control": pool.control.snapshot(now),
-                    "instances": [
-                        {
-                            "name": slot.name,
-                            "healthy": slot.healthy,
-                            "restarting": slot.restarting,
-                            "load": slot.load,
-                            "batches": slot.batches,
-                            "pipeline": slot.pipeline,  # batches it holds at once
-                            "failures": slot.failures,
-                        }
-                        for slot in pool.instances
-                    ],
-                }
-                for pool in self.pools
-            ],
+            "pools": [pool.snapshot(now) for pool in self.pools],
         }

@@ -165,6 +165,17 @@ class InstanceSlot:
             rate = queries / seconds
             self.rate = rate if self.rate == 0 else 0.8 * self.rate + 0.2 * rate
 
+    def snapshot(self) -> dict:
+        return {
+            "name": self.name,
+            "healthy": self.healthy,
+            "restarting": self.restarting,
+            "load": self.load,
+            "batches": self.batches,
+            "pipeline": self.pipeline,  # batches it holds at once
+            "failures": self.failures,
+        }
+
 
 @dataclass(eq=False)
 class Pool:
@@ -239,6 +250,23 @@ class Pool:
     def room(self) -> int:
         return max(0, self.depth - self.in_flight)
 
+    def fit_tokens(self, sequences: Sequence[np.ndarray]) -> int:
+        """How many of `sequences` fit the token budget, in order.
+
+        The budget shrinks by the recent padding (`padding`): charges count each query's own
+        length, but a batch costs its longest query's for every member. An idle pool takes one
+        query whatever its charge: a query too long to meet the SLO even alone would otherwise be
+        refused forever, and serving it late beats that.
+        """
+        budget = self.token_budget / self.padding - self.tokens_in_flight
+        taken = 0
+        for seq in sequences:
+            budget -= self.token_charge(len(seq))
+            if budget < 0 and (taken or self.tokens_in_flight):
+                break
+            taken += 1
+        return taken
+
     def bulk_room(self, share: float) -> int:
         """Slots bulk queries may take now: at most `share` of the depth (at least one, or a
         shallow pool would never serve bulk), and never what the pool has not free."""
@@ -264,3 +292,24 @@ class Pool:
 
     def drain_rate(self) -> float:
         return sum(slot.rate for slot in self.instances if slot.healthy)
+
+    def snapshot(self, now: float) -> dict:
+        """The pool's state for /info, its depth control's included."""
+        return {
+            "name": self.name,
+            "depth": self.depth,
+            "seed_depth": self.seed_depth,
+            "token_budget": self.token_budget,
+            "padding": round(self.padding, 4),
+            "token_charge": {
+                "per_query": self.token_charge.per_query,
+                "per_squared_token": self.token_charge.per_squared_token,
+            },
+            "max_batch_size": self.max_batch_size,
+            "max_batch_tokens": self.max_batch_tokens,
+            "in_flight": self.in_flight,
+            "bulk_in_flight": self.bulk_in_flight,
+            "queued": sum(len(slot.queue) for slot in self.instances),
+            "control": self.control.snapshot(now),
+            "instances": [slot.snapshot() for slot in self.instances],
+        }
