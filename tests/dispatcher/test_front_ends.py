@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import json
 import os
 import signal
+import socket
 import time
 
 import httpx
@@ -209,6 +211,38 @@ def test_sigterm_drains_every_process(tmp_path):
     while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
         time.sleep(0.05)  # children are reaped by now or very soon; bounded poll
     assert not [pid for pid in children if _alive(pid)]
+
+
+def test_a_connection_made_while_draining_is_answered_not_left_to_be_reset(tmp_path):
+    """Front ends that stopped accepting at SIGTERM left new connections in the listening socket's
+    queue, which the parent held open: they waited for the whole drain and were then reset. A
+    draining front end keeps accepting while what it held finishes, and answers at once."""
+    server = _two_front_ends(tmp_path)
+    held = socket.create_connection(("127.0.0.1", server.port), timeout=60)
+    try:
+        # A request whose body is still coming holds its front end in the drain for as long as
+        # this test chooses; /health first, so that the connection is surely accepted.
+        held.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+        assert held.recv(65536).startswith(b"HTTP/1.1 200")
+        body = json.dumps({"inputs": ["held in the drain"]}).encode()
+        head = f"POST /embed HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+        held.sendall(head.encode() + b"\r\n" + body[:5])
+        server.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 60
+        while server.log().count("draining: accepting") < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)  # bounded poll of the log for both front ends' drain
+        assert server.log().count("draining: accepting") == 2, server.log()
+        for i in range(4):
+            answer = httpx.post(server.url + "/embed", json={"inputs": [f"while draining {i}"]}, timeout=20)
+            assert answer.status_code == 429 and "shutting down" in answer.json()["error"], answer.text
+            assert answer.headers["connection"] == "close"
+        held.sendall(body[5:])
+        assert held.recv(65536).split(b"\r\n", 1)[0] in (b"HTTP/1.1 200 OK", b"HTTP/1.1 429 Too Many Requests")
+    finally:
+        held.close()
+    assert server.process.wait(60) == 0, server.log()
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(server.url + "/health", timeout=5)
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs: one to serve on, one for the engine")

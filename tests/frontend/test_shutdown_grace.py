@@ -2,8 +2,9 @@
 
 uvicorn closes idle connections the moment shutdown begins; a request already sent on one, not
 yet read, was reset ("Connection reset by peer" in a full test run). Real `windve serve`, a raw
-socket client: the request is sent once uvicorn has logged "Shutting down", which it does in the
-same step of its loop as shutting its connections down, before it reads anything more.
+socket client: the request is sent once the front end has logged "draining", which it does in the
+same step of its loop as shutting its connections down, before it reads anything more
+(windve/frontend/server.py).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def test_a_request_sent_as_shutdown_begins_is_answered_and_the_connection_closed
         assert _answer(sock).startswith(b"HTTP/1.1 200 ")  # the connection is now idle, kept alive
         server.process.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + 30
-        while "Shutting down" not in server.log():  # uvicorn logs it, then shuts its connections down
+        while "draining: accepting" not in server.log():  # logged, then its connections shut down
             assert time.monotonic() < deadline, "no shutdown 30 s after SIGTERM"
             time.sleep(0.005)  # polling the log file for a line another process writes
         body = json.dumps({"inputs": "sent as the drain began"}).encode()

@@ -15,6 +15,7 @@ import sys
 import uvicorn
 
 from windve.commands.settings_flags import add_settings_flags, settings_from_args
+from windve.frontend.server import FrontEndServer
 
 log = logging.getLogger("windve.serve")
 
@@ -29,8 +30,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_settings_flags(parser)
 
 
-class DrainingServer(uvicorn.Server):
-    """On SIGTERM/SIGINT, stop admitting (BUSY) at once; uvicorn then lets admitted requests finish.
+class DrainingServer(FrontEndServer):
+    """On SIGTERM/SIGINT, stop admitting (BUSY) at once; the front end's server then lets admitted
+    requests finish (windve.frontend.server).
 
     Once it listens, it tells `listening` where: the warm-up probe goes there."""
 

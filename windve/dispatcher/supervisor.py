@@ -85,7 +85,7 @@ class Supervisor:
         await self._stop.wait()
         starting.cancel()
         await asyncio.gather(starting, return_exceptions=True)
-        await self._drain(server)
+        await self._drain(server, listeners)
         for keeper in keepers:
             keeper.cancel()
         await asyncio.gather(*keepers, return_exceptions=True)
@@ -93,8 +93,6 @@ class Supervisor:
             await self.runtime.close()
         await server.close()
         board.close()
-        for listener in listeners:
-            listener.close()
         shutil.rmtree(workdir, ignore_errors=True)
         if self.failed:
             print(f"windve serve: could not start: {self.failed}", file=sys.stderr)
@@ -144,9 +142,14 @@ class Supervisor:
             self.runtime.queue_manager.draining = True  # BUSY from now on, on the board too
         self._stop.set()
 
-    async def _drain(self, server: DispatcherServer) -> None:
-        """Front ends finish the requests they admitted (uvicorn's graceful shutdown), then exit."""
+    async def _drain(self, server: DispatcherServer, listeners: list[socket.socket]) -> None:
+        """Front ends finish the requests they admitted (windve.frontend.server), then exit. No
+        front end is replaced from now on, so the listening sockets are theirs alone: each closes
+        its own once it stops accepting, and a connection comes to a front end still accepting,
+        or is refused, rather than waiting in a socket no one accepts from."""
         server.publish_now()
+        for listener in listeners:
+            listener.close()
         for process in self._fronts.values():
             if process.returncode is None:
                 process.send_signal(signal.SIGTERM)

@@ -72,6 +72,8 @@ class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        if getattr(self.server_state, "draining", False):  # accepted while the server drains (server.py)
+            self._shutting_down = True
         stamp_arrivals(transport)
         if (watch := getattr(self.loop, "watch_arrivals", None)) is not None:
             self._watched = watch(transport)

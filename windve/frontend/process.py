@@ -63,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from windve.frontend.app import create_app
     from windve.frontend.context import remote_front_end_factory
+    from windve.frontend.server import FrontEndServer
 
     fatal: list[str] = []
     app = create_app(
@@ -71,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         on_fatal=fatal.append,
         heartbeat_fd=args.heartbeat_fd,
     )
-    uvicorn.Server(uvicorn_config(app, settings, args.drain_seconds, fd=args.fd)).run()
+    FrontEndServer(uvicorn_config(app, settings, args.drain_seconds, fd=args.fd)).run()
     return 1 if fatal else 0
 
 
