@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import socket
 
@@ -58,9 +59,16 @@ class FrontEndServer(uvicorn.Server):
         for connection in held:
             connection.shutdown()  # an answer under way finishes; an idle one closes soon (http_protocol.py)
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + (self.config.timeout_graceful_shutdown or float("inf"))
-        while any(connection in state.connections for connection in held) and not self.force_exit:
-            if loop.time() >= deadline:
-                break
+        bound = self.config.timeout_graceful_shutdown
+        deadline = loop.time() + (math.inf if bound is None else bound)
+        while (
+            any(connection in state.connections for connection in held)
+            and not self.force_exit
+            and loop.time() < deadline
+        ):
             await asyncio.sleep(CLOSE_POLL)  # polling the connections' set, bounded, as uvicorn's own wait does
+        if bound is not None:
+            # uvicorn's own wait (for what came meanwhile, and the tasks) gets what is left of the
+            # bound, not a second one: the drain stays within timeout_graceful_shutdown.
+            self.config.timeout_graceful_shutdown = max(0.0, deadline - loop.time())
         await super().shutdown(sockets)
