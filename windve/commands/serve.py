@@ -9,8 +9,11 @@ the dispatcher and starts the front-end processes (windve.dispatcher.supervisor)
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import signal
 import sys
+from collections.abc import Iterator
 
 import uvicorn
 
@@ -89,6 +92,26 @@ def run(args: argparse.Namespace) -> int:
     return _serve_in_one_process(settings)
 
 
+@contextlib.contextmanager
+def _drain_is_a_clean_exit(server: uvicorn.Server) -> Iterator[None]:
+    """Exit 0 after the drain that SIGTERM or SIGINT began, as the multi-process mode does.
+
+    uvicorn restores the handlers it found once it has drained, then raises the signal again
+    "for the expected behaviour": with the defaults that killed the process (-15, 143 in a
+    container, which Kubernetes shows as Error on every rollout). The handlers it finds are
+    these; they also stop the server should a signal come before uvicorn's own are in place."""
+
+    def stop(signum: int, frame: object) -> None:
+        server.should_exit = True
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def _serve_in_one_process(settings) -> int:
     from windve.frontend.app import create_app
     from windve.frontend.process import uvicorn_config
@@ -107,7 +130,8 @@ def _serve_in_one_process(settings) -> int:
     server = DrainingServer(
         uvicorn_config(app, settings, DRAIN_SECONDS, host=settings.host, port=settings.port), listening
     )
-    server.run()
+    with _drain_is_a_clean_exit(server):
+        server.run()
     if fatal:
         print(f"windve serve: could not start: {fatal[0]}", file=sys.stderr)
         return 1
