@@ -387,6 +387,7 @@ def build_instance(
         device=inst.device,
         heartbeat_timeout=settings.heartbeat_timeout_seconds,
         pipeline=settings.accelerator_pipeline if accelerator_pool else PIPELINE,
+        threads=inst.threads,
     )
 
 

@@ -12,7 +12,7 @@ import pytest
 from cpu_helpers import assert_close, own_segments, reference_embeddings, token_batch
 
 from queue_manager.protocol import Instance, InstanceFailed
-from windve.engine_process.instance import EngineProcessInstance
+from windve.engine_process.instance import EngineProcessInstance, split_threads
 
 REDUCE_TIMEOUT = 4.0  # generous: ranks on a loaded machine must not time out by accident
 
@@ -58,6 +58,37 @@ def test_single_worker_pinning_is_what_the_plan_said(g1):
     assert rank["torch_threads"] == 2 and info["threads"] == 2
     assert rank["imported_before_pinning"] == []
     assert info["membind"] in ("bound", "preferred") or info["membind"].startswith("unavailable: ")
+
+
+def test_the_planned_thread_count_is_the_ranks_not_one_per_cpu(minilm_spec, minilm_engine, run_async):
+    """A plan's `threads` (one per physical core: both SMT siblings pinned, one thread) reaches the
+    rank's torch and OpenMP pools; the pinning stays every CPU of its cores."""
+    instance = EngineProcessInstance(minilm_spec, name="t1", rank_cores=[[0, 1]], numa_nodes=[0], threads=1)
+    run_async(instance.start())
+    try:
+        (rank,) = instance.info()["ranks"]
+        assert rank["torch_threads"] == 1 and instance.info()["threads"] == 1
+        assert os.sched_getaffinity(rank["pid"]) == {0, 1}
+        with open(f"/proc/{rank['pid']}/environ", "rb") as environ:
+            assert b"OMP_NUM_THREADS=1" in environ.read().split(b"\0")
+        sequences = token_batch(4, 30522, seed=5)
+        assert_close(run_async(instance.embed(sequences)), reference_embeddings(minilm_engine, sequences), atol=1e-5)
+    finally:
+        run_async(instance.close())
+
+
+@pytest.mark.parametrize(
+    ("threads", "rank_cores", "expected"),
+    [
+        (None, [[0, 1], [2, 3]], [None, None]),  # one per CPU, as before a plan said otherwise
+        (4, [[0, 1, 2, 3], [4, 5, 6, 7]], [2, 2]),  # a TP instance's physical cores, per node
+        (3, [[0, 1, 2, 3], [4, 5]], [2, 1]),
+        (1, [[0], [1]], [1, 1]),  # never none
+        (1, [[]], [1]),  # an accelerator instance that names no core: one feeding thread
+    ],
+)
+def test_an_instances_threads_split_over_its_ranks_by_their_cpus(threads, rank_cores, expected):
+    assert split_threads(threads, rank_cores) == expected
 
 
 def test_cpu_engines_send_a_batch_ahead_only_half_full_and_accelerators_at_once(minilm_spec):

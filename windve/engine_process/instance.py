@@ -63,6 +63,20 @@ ENGINE_COMPUTE = Histogram(
 )
 
 
+def split_threads(threads: int | None, rank_cores: list[list[int]]) -> list[int | None]:
+    """An instance's compute threads over its ranks, in proportion to their CPUs (at least one
+    each); None leaves every rank one thread per CPU it may run on.
+
+    The plan's count is one per physical core: on an SMT host a rank pinned to both siblings of
+    its cores would otherwise run two threads a core, fighting over the same FMA units."""
+    if threads is None:
+        return [None] * len(rank_cores)
+    total = sum(len(cores) for cores in rank_cores)
+    if total == 0:  # an accelerator instance that names no core
+        return [threads] * len(rank_cores)
+    return [max(1, round(threads * len(cores) / total)) for cores in rank_cores]
+
+
 class EngineProcessInstance:
     """Embeds batches in pinned engine processes on `device`; G = len(rank_cores) TP ranks (CPU only)."""
 
@@ -84,6 +98,7 @@ class EngineProcessInstance:
         device: str = "cpu",
         heartbeat_timeout: float = 5.0,
         pipeline: int = PIPELINE,
+        threads: int | None = None,
     ) -> None:
         world = len(rank_cores)
         if world < 1 or (device == "cpu" and any(not cores for cores in rank_cores)):
@@ -106,6 +121,7 @@ class EngineProcessInstance:
         self.spec = spec
         self.world = world
         self.rank_cores = [sorted(set(cores)) for cores in rank_cores]
+        self.rank_threads = split_threads(threads, self.rank_cores)
         self.numa_nodes = list(numa_nodes)
         self.engine = engine
         # onnx has no bf16: "auto" must not pick it for that engine.
@@ -262,6 +278,7 @@ class EngineProcessInstance:
             reduce_timeout=self.reduce_timeout,
             device=self.device,
             heartbeat_fd=self._boards[rank].fd,
+            threads=self.rank_threads[rank],
         )
 
     def _await_ready(self, deadline: float) -> list[dict]:

@@ -23,8 +23,8 @@ class RankProcess:
     def __init__(self, plan: RankPlan) -> None:
         parent_sock, child_sock = socket.socketpair()
         env = dict(os.environ)
-        if plan.cores:
-            env.update({variable: str(len(plan.cores)) for variable in THREAD_VARIABLES})
+        if plan.cores or plan.threads:  # as the child will set them, before anything reads them
+            env.update({variable: str(plan.threads or len(plan.cores)) for variable in THREAD_VARIABLES})
         inherited = (child_sock.fileno(),) + (() if plan.heartbeat_fd is None else (plan.heartbeat_fd,))
         try:
             self.popen = subprocess.Popen(

@@ -66,6 +66,11 @@ class RankPlan:
     reduce_timeout: float = 10.0
     device: str = "cpu"  # cpu | cuda:N | npu:N
     heartbeat_fd: int | None = None  # inherited memfd (windve.heartbeat)
+    threads: int | None = None  # compute threads; None: one per CPU the rank may run on
+
+    def compute_threads(self) -> int:
+        """The rank's intra-op threads, once it is pinned."""
+        return self.threads or len(os.sched_getaffinity(0))
 
     def to_json(self) -> bytes:
         fields = dataclasses.asdict(self)
@@ -86,17 +91,19 @@ class RankPlan:
         )
 
 
-def pin_process(cores: tuple[int, ...]) -> None:
-    if cores:  # an explicit accelerator instance may name none: it keeps the parent's mask
-        os.sched_setaffinity(0, cores)
-    threads = len(os.sched_getaffinity(0))
+def pin_process(plan: RankPlan) -> int:
+    """Pin to the plan's cores and size the OpenMP/BLAS pools; the threads, for torch's pool too."""
+    if plan.cores:  # an explicit accelerator instance may name none: it keeps the parent's mask
+        os.sched_setaffinity(0, plan.cores)
+    threads = plan.compute_threads()
     for variable in THREAD_VARIABLES:
         os.environ[variable] = str(threads)
+    return threads
 
 
 def rank_main(plan: RankPlan, conn: Connection) -> None:
     imported_early = sorted(name for name in ("numpy", "torch") if name in sys.modules)
-    pin_process(plan.cores)
+    threads = pin_process(plan)
     membind = bind_memory(plan.numa_node)
     if plan.heartbeat_fd is not None:
         from windve.heartbeat import start_beating
@@ -107,7 +114,7 @@ def rank_main(plan: RankPlan, conn: Connection) -> None:
     try:
         import torch
 
-        torch.set_num_threads(len(os.sched_getaffinity(0)))
+        torch.set_num_threads(threads)
         torch.set_num_interop_threads(1)
         server = EngineServer(plan, conn) if plan.world == 1 else RankServer(plan, conn)
     except BaseException as error:  # report why, then die: the parent raises it from start()
@@ -155,7 +162,7 @@ class EngineServer:
         self.pad_id = _pad_id(plan.spec.path)
         cache = Path(plan.onnx_cache_dir) if plan.onnx_cache_dir else None
         # torch's intra-op pool was sized by rank_main; onnxruntime sizes its own.
-        threads = len(os.sched_getaffinity(0))
+        threads = plan.compute_threads()
         self.engine = create_engine(plan.spec, plan.engine, plan.device, plan.dtype, cache, threads=threads)
         self.dim = self.engine.dim
 
