@@ -17,7 +17,6 @@ DASHBOARD_METRICS: frozenset[str] = frozenset({
     "windve_errors_total",
     "windve_request_seconds_bucket",
     "windve_front_end_seconds_bucket",
-    "windve_busy_requests_total",
     "windve_inputs_total",
     "windve_input_tokens_total",
     "windve_tokenization_seconds_bucket",
