@@ -127,9 +127,8 @@ def uvicorn_in_thread(app, **config) -> Iterator[tuple[uvicorn.Server, int]]:
                                            **config))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    for _ in range(500):
-        if server.started:
-            break
+    deadline = time.monotonic() + 60
+    while not server.started and thread.is_alive() and time.monotonic() < deadline:
         threading.Event().wait(0.01)  # uvicorn offers no start event to wait on
     assert server.started, "uvicorn did not start"
     try:

@@ -111,6 +111,6 @@ def test_with_every_engine_killed_requests_get_503_not_429(two_engines):
         if answer.status_code == 503:
             assert answer.headers["retry-after"]
             assert answer.json()["error_type"] in ("unhealthy", "backend")
-    assert 429 not in statuses and 503 in statuses, statuses
+    assert 503 in statuses and statuses <= {503, 200}, statuses  # 200 once an engine is back
     _wait_for(lambda: _healthy(two_engines))
     assert httpx.post(two_engines.url + "/embed", json={"inputs": ["back"]}, timeout=60).status_code == 200

@@ -19,9 +19,10 @@ def _health_seconds(url: str) -> float:
 
 
 def test_a_2_mib_text_does_not_hold_up_health(server):
-    idle = min(_health_seconds(server.url) for _ in range(5))
+    # The slowest of many idle polls, as the bound is checked on the slowest poll beside the text.
+    idle = max(_health_seconds(server.url) for _ in range(20))
     if idle > IDLE_BOUND:
-        pytest.skip(f"this machine answers an idle /health in {idle:.3f} s: too loaded to time the bound")
+        pytest.skip(f"this machine answered an idle /health in up to {idle:.3f} s: too loaded to time the bound")
     text = ("retrieval augmented generation systems " * 60_000)[: 2 * 1024 * 1024 - 256]
     answer: list[httpx.Response] = []
     post = threading.Thread(

@@ -18,7 +18,9 @@ class ControlledInstance:
     """Each embed call waits until the test completes or fails it.
 
     Every query's first token id is its marker, and comes back in column 0 of its row. `completed`
-    counts, per marker, the batches that returned it; `forbidden` markers must never start a batch.
+    counts, per marker, the batches that returned it; `forbidden` markers must never start a batch:
+    one that does is kept in `violations` (the manager reads the raised error as the instance's
+    failure and goes on, so the test must look there).
     """
 
     def __init__(self, name: str, forbidden: set[int] | None = None) -> None:
@@ -28,6 +30,7 @@ class ControlledInstance:
         self.calls = 0
         self.completed: Counter[int] = Counter()
         self.forbidden = forbidden if forbidden is not None else set()
+        self.violations: list[int] = []
 
     async def start(self) -> None:
         pass
@@ -36,6 +39,7 @@ class ControlledInstance:
         self.calls += 1
         self.batch = list(sequences)
         started = {int(seq[0]) for seq in self.batch} & self.forbidden
+        self.violations.extend(sorted(started))
         assert not started, f"{self.name} was given queries no one waits for: {sorted(started)}"
         self.pending = asyncio.get_running_loop().create_future()
         try:

@@ -100,6 +100,7 @@ def test_failover_leaves_behind_queries_whose_client_left():
         busy.fail()  # no one waits for them: freed, not moved
         await settle()
         assert qm.in_flight == 0 and other.pending is None and not gone.future.done()
+        assert other.calls == 0 and not other.violations
         await qm.close()
 
     asyncio.run(scenario())

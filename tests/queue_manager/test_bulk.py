@@ -75,9 +75,12 @@ def test_concurrent_requests_of_any_size_end_whole_within_depths(sizes, acc_dept
             batches.append(list(range(first, first + size)))
             first += size
         results = await asyncio.gather(*(qm.submit(queries(m)) for m in batches), return_exceptions=True)
-        for markers, result in zip(batches, results):
+        for index, (markers, result) in enumerate(zip(batches, results)):
             if isinstance(result, Busy):
-                continue  # the backlog was full: refused whole
+                # Refused whole, and only where the requests before it left no room or a bulk
+                # backlog (one of them did not fit): never while everything fits the depths.
+                assert sum(sizes[: index + 1]) > acc_depth + cpu_depth
+                continue
             assert markers_of(result) == markers
         # All requests arrive in one tick: the first always finds room, bulk or not.
         assert not isinstance(results[0], Exception)
@@ -151,6 +154,7 @@ def test_the_bulk_backlog_is_bounded_but_never_refuses_a_request_for_its_size_al
         alone = qm.admit(queries([301]))  # an interactive request still fits the free slot
         await finish_all(inst, huge.future, alone.future)
         assert markers_of(huge.future.result()) == list(range(1, 101))
+        assert markers_of(alone.future.result()) == [301] and not alone.bulk
         await qm.close()
 
     asyncio.run(scenario())
@@ -168,7 +172,7 @@ def test_cancelling_a_partly_admitted_bulk_request_frees_everything():
         drained = asyncio.create_task(qm.drain())
         inst.complete()  # the running batch ends: its slots free too
         await settle()
-        assert qm.in_flight == 0 and drained.done() and inst.pending is None
+        assert qm.in_flight == 0 and drained.done() and inst.pending is None and not inst.violations
         await qm.close()
 
     asyncio.run(scenario())

@@ -53,6 +53,15 @@ class DispatchMachine(RuleBasedStateMachine):
             return self.admitted[-1]
 
         self.qm.admit = recorded
+        admit_one = self.qm._admit
+
+        def within_depth(query) -> None:
+            # Every admission finds room: the depth bounds what is taken, whatever was in flight.
+            pool = query.pool
+            assert pool.in_flight < pool.depth, f"{pool.name}: admitted at {pool.in_flight}, depth {pool.depth}"
+            admit_one(query)
+
+        self.qm._admit = within_depth
         # (task or request, markers, abandoned): submit() runs in a task; admit() is the dispatcher's way.
         self.requests: list[list] = []
 
@@ -202,6 +211,10 @@ class DispatchMachine(RuleBasedStateMachine):
                     assert pool.bulk_room(self.qm.bulk_share) == 0
             # FIFO: only the oldest bulk request has queries admitted while others wait.
             assert all(request.admitted == 0 for request in list(backlog.requests)[1:])
+
+    @invariant()
+    def no_batch_starts_with_a_query_whose_caller_left(self):
+        assert not [inst.violations for inst in self.acc + self.cpu if inst.violations]
 
     @invariant()
     def each_query_is_answered_at_most_once(self):

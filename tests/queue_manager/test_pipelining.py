@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from queue_manager.manager import QueueManager
+from queue_manager.protocol import QueryFailed
 from tests.queue_manager.doubles import (
     ControlledInstance,
     PipelinedInstance,
@@ -119,7 +120,7 @@ def test_closing_fails_the_batches_a_submitting_instance_still_holds():
         await settle()
         assert engine.batches() == [[1], [2]]
         await qm.close()
-        with pytest.raises(Exception, match="shutting down"):
+        with pytest.raises(QueryFailed, match="shutting down"):
             await request.future
         assert qm.in_flight == 0
         engine.complete()  # a late answer after close changes nothing
