@@ -162,11 +162,20 @@ class Sample:
     seconds: float
 
 
+# Why a depth last moved, as /metrics labels it (a bounded set; /info's `reason` has the figures).
+SEEDED = "seed"  # a calibration, the warm-up probe or the start set it
+OVER_SLO = "over_slo"  # the tail missed the SLO: cut
+NEAR_SLO = "near_slo"  # the tail inside the SLO but not its headroom: drifted down
+ROOM = "room"  # the tail inside the headroom at 95 % confidence: raised
+CAUSES = (SEEDED, OVER_SLO, NEAR_SLO, ROOM)
+
+
 @dataclass(frozen=True)
 class Move:
     depth: int
     direction: str  # "up" or "down"
     reason: str
+    cause: str  # one of CAUSES but SEEDED
 
 
 def p99(values: list[float]) -> float:
@@ -282,10 +291,10 @@ class DepthController:
         above = max(1, round(depth * settings.band_above))
         if tail > settings.slo:
             new = max(math.ceil(depth * (1 - settings.max_cut)), min(depth - 1, target))
-            why = f"p99 {tail:.3f} s > SLO {settings.slo:g} s"
+            why, cause = f"p99 {tail:.3f} s > SLO {settings.slo:g} s", OVER_SLO
         elif tail >= comfortable and target <= depth - below:
             new = max(target, min(depth - 1, math.floor(depth * (1 - settings.up_step))))
-            why = f"p99 {tail:.3f} s >= {comfortable:.3f} s; C* = {target}"
+            why, cause = f"p99 {tail:.3f} s >= {comfortable:.3f} s; C* = {target}", NEAR_SLO
         elif tail < comfortable and full_since is not None:
             target = self._rise_target(depth, evidence, since_cut, now, full_since)
             if target is None:
@@ -294,7 +303,7 @@ class DepthController:
                 self.holding = f"a rise would aim at {target}, within {above} of the depth"
                 return None
             new = min(target, max(depth + 1, math.floor(depth * (1 + settings.up_step))))
-            why = f"p99 < {comfortable:.3f} s at 95 % confidence; C* = {target}"
+            why, cause = f"p99 < {comfortable:.3f} s at 95 % confidence; C* = {target}", ROOM
         else:
             if tail < comfortable:
                 self.holding = f"p99 {tail:.3f} s and room to spare since the last move"
@@ -312,7 +321,7 @@ class DepthController:
             self.cut_at, self._rises = now, []
         else:
             self._rises.append((now, depth))
-        return Move(new, "up" if new > depth else "down", why)
+        return Move(new, "up" if new > depth else "down", why, cause)
 
     def _rise_target(
         self, depth: int, evidence: list[Sample], since_cut: list[Sample], now: float, full_since: float

@@ -694,7 +694,7 @@ class QueueManager:
             # The token budget bounds the same latency as the depth: it follows in proportion.
             pool.token_budget = max(1, round(pool.seed_token_budget * move.depth / max(1, pool.seed_depth)))
         pool.full_since = None
-        (pool.metrics.depth_up if move.direction == "up" else pool.metrics.depth_down).inc()
+        pool.metrics.moved(move.direction, move.cause)
 
     # ---- introspection ---------------------------------------------------------------
 
@@ -720,6 +720,7 @@ class QueueManager:
         target.token_budget = target.seed_token_budget = token_budget
         target.token_charge = token_charge
         target.control.reseed(target.depth, self._now())
+        target.metrics.seeded()
         self._freed()
 
     def healthy(self) -> bool:

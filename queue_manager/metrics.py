@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import math
+import time
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import Counter, Enum, Gauge, Histogram
+
+from queue_manager.depth_control import CAUSES, NEAR_SLO, OVER_SLO, ROOM, SEEDED
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -45,7 +48,11 @@ SEED_DEPTH = Gauge("windve_pool_seed_depth", "Calibrated or probed depth the dep
 FIT_ALPHA = Gauge("windve_pool_fit_alpha_seconds", "Live fit t = alpha*C + beta: alpha", ["pool"])
 FIT_BETA = Gauge("windve_pool_fit_beta_seconds", "Live fit t = alpha*C + beta: beta", ["pool"])
 LIVE_P99 = Gauge("windve_pool_live_p99_seconds", "p99 of the answer times callers reported recently", ["pool"])
-DEPTH_CHANGES = Counter("windve_pool_depth_changes", "Moves of the depth control", ["pool", "direction"])
+DEPTH_CHANGES = Counter("windve_pool_depth_changes", "Moves of the depth control", ["pool", "direction", "cause"])
+LAST_MOVE = Enum("windve_pool_depth_last_move", "Why the depth last moved", ["pool"], states=list(CAUSES))
+LAST_MOVE_AT = Gauge(
+    "windve_pool_depth_last_move_timestamp_seconds", "Unix time of the depth's last move (or seed)", ["pool"]
+)
 
 
 class PoolMetrics:
@@ -61,8 +68,13 @@ class PoolMetrics:
         self.queue_time = QUEUE_TIME.labels(name)
         self.inference_time = INFERENCE_TIME.labels(name)
         self.batch_tokens = BATCH_TOKENS.labels(name)
-        self.depth_up = DEPTH_CHANGES.labels(name, "up")
-        self.depth_down = DEPTH_CHANGES.labels(name, "down")
+        self._moves = {
+            (direction, cause): DEPTH_CHANGES.labels(name, direction, cause)
+            for direction, cause in (("down", OVER_SLO), ("down", NEAR_SLO), ("up", ROOM))
+        }
+        self._last_move = LAST_MOVE.labels(name)
+        self._last_move_at = LAST_MOVE_AT.labels(name)
+        self.seeded()
         # Gauges read the live pool at scrape time: nothing to update on the hot path.
         DEPTH.labels(name).set_function(lambda: pool.depth)
         IN_FLIGHT.labels(name).set_function(lambda: pool.in_flight)
@@ -73,6 +85,17 @@ class PoolMetrics:
         FIT_ALPHA.labels(name).set_function(lambda: _fit_part(pool, "alpha"))
         FIT_BETA.labels(name).set_function(lambda: _fit_part(pool, "beta"))
         LIVE_P99.labels(name).set_function(lambda: _or_nan(pool.control.current_p99))
+
+
+    def moved(self, direction: str, cause: str) -> None:
+        self._moves[direction, cause].inc()
+        self._last_move.state(cause)
+        self._last_move_at.set(time.time())
+
+    def seeded(self) -> None:
+        """The depth was set from outside the control (start, calibration, probe)."""
+        self._last_move.state(SEEDED)
+        self._last_move_at.set(time.time())
 
 
 def _fit_part(pool, name: str) -> float:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
+import time
 from dataclasses import replace
 
 import numpy as np
@@ -16,6 +17,7 @@ from prometheus_client import REGISTRY
 
 from estimator.fit import DEFAULT_HEADROOM as CALIBRATION_HEADROOM
 from queue_manager.depth_control import (
+    CAUSES,
     DEFAULT_HEADROOM,
     ControlSettings,
     DecayedLine,
@@ -446,17 +448,31 @@ def test_only_adaptive_mode_moves_depths_and_both_show_the_live_fit(mode):
     asyncio.run(scenario())
 
 
-def test_depth_changes_are_counted_by_direction():
+def test_depth_changes_are_counted_by_direction_and_cause_and_the_last_one_is_shown():
+    def sample(name: str, **labels: str) -> float:
+        return REGISTRY.get_sample_value(name, {"pool": "cpu", **labels}) or 0.0
+
+    def last_move() -> str:
+        states = {state: sample("windve_pool_depth_last_move", windve_pool_depth_last_move=state) for state in CAUSES}
+        (state,) = [state for state, on in states.items() if on == 1.0]
+        return state
+
     async def scenario():
-        before = REGISTRY.get_sample_value("windve_pool_depth_changes_total", {"pool": "cpu", "direction": "down"}) or 0
+        cut = {"direction": "down", "cause": "over_slo"}
+        before = sample("windve_pool_depth_changes_total", **cut)
         _, _, qm, clock = await two_pools(depth_control="adaptive")
         cpu = qm.pools[1]
+        assert last_move() == "seed"
+        seeded_at = sample("windve_pool_depth_last_move_timestamp_seconds")
         for _ in range(20):
-            cpu.control.observe(4, 3.0, admitted=0.0, now=0.0)
+            cpu.control.observe(4, 3.0, admitted=0.0, now=0.0)  # every answer over the SLO
         clock.now = 0.5
         qm.step()
-        after = REGISTRY.get_sample_value("windve_pool_depth_changes_total", {"pool": "cpu", "direction": "down"})
-        assert after - before == 1 and cpu.depth == 2
+        assert sample("windve_pool_depth_changes_total", **cut) - before == 1 and cpu.depth == 2
+        assert last_move() == "over_slo"
+        assert seeded_at <= sample("windve_pool_depth_last_move_timestamp_seconds") <= time.time()
+        qm.set_depth("cpu", 3)  # a calibration arrives
+        assert last_move() == "seed"
         await qm.close()
 
     asyncio.run(scenario())
