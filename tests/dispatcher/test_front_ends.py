@@ -11,13 +11,17 @@ import concurrent.futures
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
+import threading
 import time
 
 import httpx
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.servers import ServerProcess, long_text, metric_sum, start_server, sums_by_label, write_plan_config
 
@@ -126,6 +130,49 @@ def test_concurrent_requests_through_both_front_ends_get_their_own_vectors(serve
     assert set(computed) <= {"accelerator", "cpu"} and sum(computed.values()) >= 1
 
 
+TEXTS = [long_text(500 + i) for i in range(32)]
+
+
+@pytest.fixture(scope="module")
+def text_vectors(reference_model) -> np.ndarray:
+    return reference_model.encode(TEXTS, normalize_embeddings=True)
+
+
+def _pools(server: ServerProcess) -> dict[str, int]:
+    return {pool["name"]: pool["in_flight"] for pool in _info(server)["pools"]}
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(bursts=st.lists(st.lists(st.integers(0, len(TEXTS) - 1), min_size=1, max_size=5), min_size=2, max_size=14))
+def test_admission_is_atomic_across_front_ends_for_any_burst(served, text_vectors, bursts: list[list[int]]):
+    """Any burst of requests of 1-5 texts, sent at once over new connections that the kernel spreads
+    over both front ends: in flight never passes a pool's depth; each request is answered once,
+    200 with exactly its texts' vectors in order or 429; the dispatcher admitted exactly the
+    queries of the 200s (none lost, none twice); and nothing stays in flight."""
+    before = httpx.get(served.url + "/metrics").text
+    with concurrent.futures.ThreadPoolExecutor(len(bursts)) as pool:
+        answers = list(pool.map(lambda picks: _embed(served.url, [TEXTS[i] for i in picks]), bursts))
+    after = httpx.get(served.url + "/metrics").text
+    statuses = [getattr(answer, "status_code", answer) for answer in answers]
+    assert set(statuses) <= {200, 429}, statuses
+    for picks, answer in zip(bursts, answers):
+        if answer.status_code == 200:
+            got = np.array(answer.json())
+            assert got.shape == (len(picks), text_vectors.shape[1])
+            assert np.min(np.sum(got * text_vectors[picks], axis=1)) > 0.9999
+    ok = metric_sum(after, "windve_requests_total", route="embed", status="200")
+    assert ok - metric_sum(before, "windve_requests_total", route="embed", status="200") == statuses.count(200)
+    admitted = metric_sum(after, "windve_pool_dispatched_queries_total")
+    answered = sum(len(picks) for picks, status in zip(bursts, statuses) if status == 200)
+    assert admitted - metric_sum(before, "windve_pool_dispatched_queries_total") == answered
+    peak = _info(served)["dispatcher"]["peak_in_flight"]
+    assert peak.get("accelerator", 0) <= ACC_DEPTH and peak.get("cpu", 0) <= CPU_DEPTH, peak
+    deadline = time.monotonic() + 30
+    while any(_pools(served).values()):  # a slot is freed in the step after its answer left
+        assert time.monotonic() < deadline, _pools(served)
+        time.sleep(0.01)  # polling the dispatcher's state, bounded by the deadline
+
+
 def test_killing_a_front_end_loses_no_query_of_the_other(tmp_path, reference_model):
     server = _two_front_ends(tmp_path)
     try:
@@ -170,6 +217,68 @@ def test_killing_a_front_end_loses_no_query_of_the_other(tmp_path, reference_mod
         assert _embed(server.url, ["after the restart"]).status_code == 200
     finally:
         server.stop()
+
+
+def test_killing_the_accelerator_pools_engine_loses_no_query_of_another_process(tmp_path, text_vectors):
+    """Under load through both front ends, SIGKILL the accelerator pool's engine process: only
+    the queries it held may fail, with a 503 that says so; every other request gets its own
+    vectors or BUSY (none a lost connection), the instance comes back in a new process, and the
+    pools serve on."""
+    server = _two_front_ends(tmp_path)
+    try:
+        (victim,) = _engine_pids(server, "accelerator")
+        stop = threading.Event()
+        answers: list[tuple[list[int], httpx.Response | Exception]] = []
+
+        def client(seed: int) -> None:
+            picks = [seed % len(TEXTS)]
+            while not stop.is_set():
+                answers.append((picks, _embed(server.url, [TEXTS[i] for i in picks])))
+                picks = [(picks[0] + 7) % len(TEXTS), (picks[0] + 3) % len(TEXTS)][: 1 + len(answers) % 2]
+
+        def wait_for(condition, what: str) -> None:
+            deadline = time.monotonic() + 120
+            while not condition():
+                assert time.monotonic() < deadline, what
+                time.sleep(0.05)  # polling the clients' tally or the server's state, bounded
+
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            clients = [pool.submit(client, seed) for seed in range(8)]
+            wait_for(lambda: len(answers) >= 16, "no load flowing")
+            os.kill(victim, signal.SIGKILL)
+            wait_for(
+                lambda: (pids := _engine_pids(server, "accelerator")) and victim not in pids and _all_healthy(server),
+                "the accelerator pool's engine did not come back",
+            )
+            served_after = len(answers) + 16
+            wait_for(lambda: len(answers) >= served_after, "no answers after the restart")
+            stop.set()
+            for done in clients:
+                done.result()
+        # Only what the killed process held may fail (its pool has no other instance to take it):
+        # at most the pool's depth of queries, each a 503 naming it. Every other request ends
+        # with its own vectors or BUSY.
+        lost = [answer for _, answer in answers if getattr(answer, "status_code", None) not in (200, 429)]
+        assert len(lost) <= ACC_DEPTH, [getattr(answer, "text", answer) for answer in lost]
+        for answer in lost:
+            assert answer.status_code == 503 and answer.json()["error_type"] == "backend", answer
+            assert "accelerator-0" in answer.text and "SIGKILL" in answer.text, answer.text
+        for picks, answer in answers:
+            if answer.status_code == 200:
+                assert np.min(np.sum(np.array(answer.json()) * text_vectors[picks], axis=1)) > 0.9999
+        assert sum(answer.status_code == 200 for _, answer in answers) >= 16
+        assert re.search(r"instance accelerator-0 failed \(.*\); moving its queries", server.log())
+    finally:
+        server.stop()
+
+
+def _engine_pids(server: ServerProcess, pool: str) -> list[int]:
+    (entry,) = [entry for entry in _info(server)["pools"] if entry["name"] == pool]
+    return [pid for instance in entry["instances"] for pid in instance["pids"]]
+
+
+def _all_healthy(server: ServerProcess) -> bool:
+    return httpx.get(server.url + "/health", timeout=30).json()["status"] == "ok"
 
 
 def test_a_front_end_that_stops_beating_is_killed_and_replaced(tmp_path):
