@@ -86,7 +86,6 @@ class PoolMetrics:
         FIT_BETA.labels(name).set_function(lambda: _fit_part(pool, "beta"))
         LIVE_P99.labels(name).set_function(lambda: _or_nan(pool.control.current_p99))
 
-
     def moved(self, direction: str, cause: str) -> None:
         self._moves[direction, cause].inc()
         self._last_move.state(cause)
