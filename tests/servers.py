@@ -21,6 +21,22 @@ import yaml
 START_TIMEOUT = 180.0
 
 
+def engine_pids(url: str, pool: str | None = None) -> list[int]:
+    """The engine processes of the pool named (of every pool without one), as /info lists them."""
+    pools = httpx.get(url + "/info", timeout=30).json()["pools"]
+    named = [entry for entry in pools if pool is None or entry["name"] == pool]
+    assert named, f"no pool {pool}"
+    return [pid for entry in named for instance in entry["instances"] for pid in instance["pids"]]
+
+
+def wait_for(condition, what: str = "the condition", seconds: float = 120.0) -> None:
+    """Return once `condition()` holds; fail after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {seconds:g} s: {what}"
+        time.sleep(0.05)  # polling a real condition (no event to wait on), bounded by the deadline
+
+
 def sums_by_label(metrics_text: str, sample: str, label: str) -> dict[str, float]:
     """The values of /metrics sample `sample` (a counter's `..._total`, a histogram's `..._count`),
     added up per value of `label` over the other labels."""

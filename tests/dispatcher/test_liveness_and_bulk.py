@@ -12,7 +12,7 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.servers import ServerProcess, start_server, write_plan_config
+from tests.servers import ServerProcess, engine_pids, start_server, wait_for, write_plan_config
 
 DEPTH = 8
 HEARTBEAT_TIMEOUT = 2.0
@@ -34,20 +34,8 @@ def two_engines(tmp_path_factory) -> ServerProcess:
     server.stop()
 
 
-def _engine_pids(server: ServerProcess) -> list[int]:
-    info = httpx.get(server.url + "/info", timeout=30).json()
-    return [pid for pool in info["pools"] for inst in pool["instances"] for pid in inst["pids"]]
-
-
-def _wait_for(condition, seconds: float = 120.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.1)  # polling a real condition, bounded by the deadline
-
-
 def _healthy(server: ServerProcess, engines: int = 2) -> bool:
-    pids = _engine_pids(server)
+    pids = engine_pids(server.url)
     return len(pids) == engines and httpx.get(server.url + "/health").json()["status"] == "ok"
 
 
@@ -78,8 +66,8 @@ def _timed_embed(url: str, i: int) -> tuple[int, float]:
 
 
 def test_a_stopped_engine_is_noticed_and_its_requests_answered(two_engines):
-    _wait_for(lambda: _healthy(two_engines))
-    victim = _engine_pids(two_engines)[0]
+    wait_for(lambda: _healthy(two_engines))
+    victim = engine_pids(two_engines.url)[0]
     with concurrent.futures.ThreadPoolExecutor(6) as pool:
         first = [pool.submit(_timed_embed, two_engines.url, i) for i in range(12)]
         os.kill(victim, signal.SIGSTOP)
@@ -91,7 +79,7 @@ def test_a_stopped_engine_is_noticed_and_its_requests_answered(two_engines):
         slowest = max(seconds for _, seconds in answers)
         assert slowest <= ANSWER_BOUND, f"a request took {slowest:.1f} s with one engine stopped"
         # The stopped process was killed (a heartbeat missed) and its instance restarted.
-        _wait_for(lambda: victim not in _engine_pids(two_engines) and _healthy(two_engines))
+        wait_for(lambda: victim not in engine_pids(two_engines.url) and _healthy(two_engines))
         assert "no heartbeat" in two_engines.log()
     finally:
         try:
@@ -101,8 +89,8 @@ def test_a_stopped_engine_is_noticed_and_its_requests_answered(two_engines):
 
 
 def test_with_every_engine_killed_requests_get_503_not_429(two_engines):
-    _wait_for(lambda: _healthy(two_engines))
-    for pid in _engine_pids(two_engines):
+    wait_for(lambda: _healthy(two_engines))
+    for pid in engine_pids(two_engines.url):
         os.kill(pid, signal.SIGKILL)
     statuses = set()
     for i in range(6):
@@ -112,5 +100,5 @@ def test_with_every_engine_killed_requests_get_503_not_429(two_engines):
             assert answer.headers["retry-after"]
             assert answer.json()["error_type"] in ("unhealthy", "backend")
     assert 503 in statuses and statuses <= {503, 200}, statuses  # 200 once an engine is back
-    _wait_for(lambda: _healthy(two_engines))
+    wait_for(lambda: _healthy(two_engines))
     assert httpx.post(two_engines.url + "/embed", json={"inputs": ["back"]}, timeout=60).status_code == 200

@@ -19,7 +19,7 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.servers import start_server, sums_by_label, write_plan_config
+from tests.servers import engine_pids, start_server, sums_by_label, write_plan_config
 
 ACC_DEPTH, CPU_DEPTH = 2, 3
 
@@ -130,13 +130,6 @@ def test_a_request_larger_than_the_free_room_is_answered_whole_in_parts(two_pool
     assert got.shape == want.shape and float(np.min(np.sum(got * want, axis=1))) > 0.9999
 
 
-def _worker_pids(url: str, pool: str) -> list[int]:
-    for entry in httpx.get(url + "/info").json()["pools"]:
-        if entry["name"] == pool:
-            return [pid for inst in entry["instances"] for pid in inst["pids"]]
-    raise AssertionError(f"no pool {pool}")
-
-
 async def _load(url: str, clients: int, stop: asyncio.Event, statuses: list[int]) -> list[int]:
     async def client(i: int) -> None:
         async with httpx.AsyncClient(base_url=url, timeout=120) as http:
@@ -158,7 +151,7 @@ def test_killing_a_cpu_worker_loses_nothing_and_recovers(tmp_path):
     )
     server = start_server(tmp_path, "--config", config, "--cache-size", "0")
     try:
-        victim = _worker_pids(server.url, "cpu")[0]
+        victim = engine_pids(server.url, "cpu")[0]
 
         async def scenario() -> list[int]:
             stop = asyncio.Event()
@@ -168,7 +161,7 @@ def test_killing_a_cpu_worker_loses_nothing_and_recovers(tmp_path):
             os.kill(victim, signal.SIGKILL)
             deadline = time.monotonic() + 120
             while True:
-                pids = await asyncio.to_thread(_worker_pids, server.url, "cpu")
+                pids = await asyncio.to_thread(engine_pids, server.url, "cpu")
                 health = await asyncio.to_thread(httpx.get, server.url + "/health")
                 if victim not in pids and len(pids) == 2 and health.json()["status"] == "ok":
                     break
@@ -186,7 +179,7 @@ def test_killing_a_cpu_worker_loses_nothing_and_recovers(tmp_path):
 
         statuses = asyncio.run(scenario())
         assert statuses and set(statuses) == {200}, {s: statuses.count(s) for s in set(statuses)}
-        assert victim not in _worker_pids(server.url, "cpu")
+        assert victim not in engine_pids(server.url, "cpu")
         assert re.search(r"instance \S+ failed \(.*\); moving its queries and restarting it", server.log())
         metrics = httpx.get(server.url + "/metrics").text
         assert 'windve_pool_healthy_instances{pool="cpu"} 2.0' in metrics
