@@ -4,7 +4,8 @@ Imports nothing from `windve`: a pool is "something to submit queries to", an as
 one request's token-id sequences (`estimator.rounds.Submit`). Every tail is the p99 of end-to-end latency.
 
 - rounds       the closed-loop workload (C one-query requests together, the next round after all)
-- profile      geometric growth, one aimed level, the settled crossing (`ProfileOptions`)
+- profile      geometric growth, one aimed level, the settled crossing, a bracket narrowed where the
+               line missed the bend (`ProfileOptions`)
 - fit          t = alpha*C + beta (alpha, beta >= 0), C_max per SLO, length-aware token budget
 - stress       the stress-test baseline (fixed step)
 - recheck      whether the machine kept its speed during a calibration

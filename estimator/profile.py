@@ -9,7 +9,11 @@ After one unrecorded warm-up round, every level gets the same `rounds`:
    meets is not the end, because the line that aimed it was read off levels below the crossing.
 3. The settled crossing: the level where the line reaches the SLO, measured too when it lies between
    the deepest level that met the SLO and the shallowest one that missed and was not measured yet.
-   The depth is read off the line with it, within what the levels measured (`decide_profile_depth`).
+4. Where the settled crossing took more than 10 % off the SLO (`estimator.recheck.same_speed`), or none
+   was measured, the line is wrong there (a GPU's tail bends up when its front ends fill): while the
+   bracket of answered levels is wider than `BRACKET`, its geometric middle is measured, at most three
+   levels after a growth step.
+The depth is read off the line, within the bracket the levels measured (`decide_profile_depth`).
 
 The line goes through the levels within `FIT_SPAN` of the deepest one, not all of them: on a GPU the
 tail is flat, or even concave, from C = 1 to where the device saturates, and linear only past it
@@ -27,7 +31,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from estimator.fit import DEFAULT_DEPTH_CAP, DepthDecision, LinearFit, decide_depth, fit_linear
+from estimator.recheck import same_speed
 from estimator.rounds import LevelSample, MakeQuery, ProgressHook, Submit, measure_level, warm_up
 
 
@@ -135,6 +142,36 @@ def measured_bracket(samples: Sequence[LevelSample], target: float) -> tuple[int
     return met, None
 
 
+# A bracket at most this wide is what an aimed level leaves (1.15x the crossing, at least 1.25x the
+# level before it); wider, the line that aimed it missed the bend, and the bracket is narrowed.
+BRACKET = 1.25
+
+
+def narrowing_level(samples: Sequence[LevelSample], slo: float) -> int | None:
+    """The geometric middle of the answered levels' bracket (`measured_bracket`) when it is wider than
+    BRACKET and a level lies strictly inside it; else None. A refused level is no end: where a server
+    starts refusing is its own limit, not its tail."""
+    met, missed = measured_bracket(finite_samples(samples), slo)
+    if met < 1 or missed is None or missed <= BRACKET * met:
+        return None
+    level = round(math.sqrt(met * missed))
+    return level if met < level < missed else None
+
+
+def chord_depth(samples: Sequence[LevelSample], target: float, met: int, missed: int) -> int:
+    """Where the straight line between the bracket's two levels (their mean tails) reaches `target`,
+    rounded down: at least `met`, below `missed`."""
+
+    def tail(level: int) -> float:
+        return float(np.mean([s.p99 for s in samples if s.concurrency == level]))
+
+    low, high = tail(met), tail(missed)
+    if not high > low:
+        return met
+    level = met + (target - low) / (high - low) * (missed - met)
+    return max(met, min(missed - 1, math.floor(level)))
+
+
 def decide_profile_depth(
     samples: Sequence[LevelSample], fit: LinearFit, slo: float, cap: int = DEFAULT_DEPTH_CAP, headroom: float = 0.0
 ) -> DepthDecision:
@@ -143,20 +180,38 @@ def decide_profile_depth(
     The line averages every level's noise, so it decides between the deepest level that met the target
     and the shallowest that missed. Outside them a measured level contradicts it: one slow growth
     level can steepen the line until it crosses below an aimed level that then met (bench/ESTIMATOR.md,
-    2026-11-27). Then the depth is that level; likewise at most one under a level that missed.
+    2026-11-27), and a tail that bends up past a flat stretch puts the line's crossing short of the
+    bend (2026-11-28). Then the depth is where the straight line between those two levels reaches the
+    target (`chord_depth`), or the level that met when nothing deeper missed.
     """
     decision = decide_depth(fit, slo, cap=cap, headroom=headroom)
     if decision.depth is None:
         return decision
     target = slo * (1 - headroom)
-    met, missed = measured_bracket(finite_samples(samples), target)
-    if decision.depth < met <= cap:
-        return DepthDecision(met, f"{decision.reason} = {decision.depth}, under C={met}, measured within "
-                             f"{target:.4g} s: the depth is that level", bounded=True)
-    if missed is not None and missed > 1 and decision.depth >= missed:
-        return DepthDecision(missed - 1, f"{decision.reason} = {decision.depth}, at or past C={missed}, measured "
-                             f"over {target:.4g} s: the depth is one under it", bounded=True)
-    return decision
+    usable = finite_samples(samples)
+    met, missed = measured_bracket(usable, target)
+    short = decision.depth < met <= cap
+    past = missed is not None and missed > 1 and decision.depth >= missed
+    if not (short or past):
+        return decision
+    said = f"{decision.reason} = {decision.depth}"
+    if missed is not None and met > 0:
+        depth = min(cap, chord_depth(usable, target, met, missed))
+        return DepthDecision(
+            depth,
+            f"{said}, outside C={met}..{missed}, measured within and over {target:.4g} s: "
+            "the depth is where the line between those two levels reaches it",
+            bounded=True,
+        )
+    if short:
+        return DepthDecision(
+            met, f"{said}, under C={met}, measured within {target:.4g} s: the depth is that level", bounded=True
+        )
+    return DepthDecision(
+        missed - 1,
+        f"{said}, at or past C={missed}, measured over {target:.4g} s: the depth is one under it",
+        bounded=True,
+    )
 
 
 async def profile_pool(
@@ -197,7 +252,14 @@ async def profile_pool(
             break
         level = next_level(samples, slo, o)
     settled = settle_level(samples, slo, o.max_concurrency)
+    on_the_line = False
     if settled is not None:
-        await measure(settled)
+        on_the_line = same_speed((await measure(settled)).p99 / slo)
         reason += f"; the fitted crossing C={settled} measured too"
+    narrowed = []
+    while not on_the_line and (middle := narrowing_level(samples, slo)) is not None:
+        await measure(middle)
+        narrowed.append(middle)
+    if narrowed:
+        reason += f"; the bracket narrowed at C={', '.join(map(str, narrowed))}"
     return Profile(tuple(samples), loop.time() - started, reason, settled)

@@ -90,7 +90,8 @@ class CrossingCheck:
         if self.ratio < 1:
             return (
                 f"{measured}: the tail is not linear there, or the machine sped up during the profile; the "
-                "depth errs shallow by up to as much (a stress test, --stress-test, tells)"
+                "profile then narrowed the levels around the target, and the depth errs shallow by at most the "
+                "gap between them (a stress test, --stress-test, tells)"
             )
         return (
             f"{measured}: the machine changed speed during the profile, or the tail is not linear there, "

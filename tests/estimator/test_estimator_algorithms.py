@@ -156,7 +156,7 @@ def test_the_profile_grows_aims_past_the_crossing_and_settles_it() -> None:
 def test_a_growth_level_that_misses_is_not_followed_by_an_aim() -> None:
     # Batches of 4 that cost the same whatever they hold: one query and four take equally long, so the
     # line sees almost no slope and grows to 16 (four batches), which misses. The line through the three
-    # crosses at 11, between what met and what missed: that is settled.
+    # crosses at 11, between what met and what missed: that is settled, at 1.04x the SLO, on the line.
     flat_batches = ServiceTime(per_batch=0.01, per_query=0.0001, max_batch_size=4)
     profile = _profile(flat_batches, 0.03, rounds=3)
     assert _shape(profile, 0.03) == [(1, True), (4, True), (16, False), (11, False)]
@@ -219,12 +219,39 @@ def test_a_tail_flat_below_the_knee_is_fitted_where_the_queue_sets_it(monkeypatc
     assert [s.concurrency for s in fitted_levels(profile.samples)] == [84, 336, 1171, 1344]
     depth = decide_profile_depth(profile.samples, fit_samples(profile.samples), target).depth
     assert depth is not None and abs(depth - optimum) <= 0.01 * optimum, (depth, optimum)
-    # With every level in the line, the flat ones pull it down: its aims and crossing land short, and
-    # the depth comes out a fifth under the optimum.
+    # With every level in the line, the flat ones pull it down: its crossing lands short (C = 933 took
+    # 0.79x the target), and only narrowing the bracket 933..2444 brings the depth back, for three more
+    # levels and 1.8x the profile's time.
     monkeypatch.setattr(profile_module, "FIT_SPAN", 10**9)
     every = _profile_served_gpu(target)
+    assert every.stop_reason.endswith(
+        "the fitted crossing C=933 measured too; the bracket narrowed at C=1510, 1187, 1339"
+    )
     depth = decide_profile_depth(every.samples, fit_samples(every.samples), target).depth
-    assert depth is not None and depth < 0.85 * optimum, (depth, optimum)
+    assert depth is not None and abs(depth - optimum) <= 0.01 * optimum, (depth, optimum)
+    assert every.seconds > 1.7 * profile.seconds
+
+
+def _bent_gpu(in_flight: int) -> float:
+    """The tail an H200 served on 2026-11-28 (bge-large shape): flat at ~0.12 s to C = 600, 0.06 ms per
+    query to 1,500, then steeper as the front ends fill (0.55 s at 2,336)."""
+    c = in_flight
+    return 0.064 + 0.056 * min(c - 1, 3) / 3 + 0.00006 * max(0, c - 600) + 4e-7 * max(0, c - 1500) ** 2
+
+
+def test_a_tail_that_bends_up_past_the_crossing_is_narrowed_to_it() -> None:
+    target = 0.2125
+    optimum = max(c for c in range(1, 5000) if _bent_gpu(c) <= target)
+    profile = run_virtual(profile_pool(_CurvePool(_bent_gpu).submit, constant_query, target, ProfileOptions(rounds=3)))
+    # The growth level 2,176 misses far past the bend; the line from 544 to it crosses at 982, which
+    # takes 0.67x the target (the H200's profile: 742 at 0.84x, its depth 785 against a stress test's
+    # 1,280). The bracket 982..2176 is narrowed at its middles until it is within BRACKET.
+    assert [s.concurrency for s in profile.samples][-4:] == [2176, 982, 1462, 1784]
+    assert profile.samples[-3].p99 < 0.7 * target
+    fit = fit_samples(profile.samples)
+    assert fit is not None and math.floor(fit.crossing(target)) < 1462  # the line still lands short
+    decision = decide_profile_depth(profile.samples, fit, target)
+    assert decision.bounded and abs(decision.depth - optimum) <= 0.01 * optimum, (decision, optimum)
 
 
 def test_the_line_goes_through_the_levels_within_its_span_of_the_deepest() -> None:
@@ -335,11 +362,13 @@ def test_the_profile_depth_stays_within_the_levels_it_measured() -> None:
     # With headroom the aimed level must meet the headroom's target to count: 0.47 s is over 0.425 s,
     # so it is the shallowest miss and the line's answer stands only under it.
     assert decide_profile_depth(aim_met, fit, 0.5, headroom=0.15).depth < 115
-    # The line past a level that missed (the steep pool of the settle test): one under that level.
+    # The line past a level that missed (the steep pool of the settle test): the straight line between
+    # the level that met (60, 0.195 s) and the one that missed (70, 0.25 s) reaches 0.2 s at 60.9.
     steep = [_sample(1, 0.01), _sample(50, 0.02), _sample(60, 0.195), _sample(70, 0.25)]
     steep_fit = fit_samples(steep)
     assert steep_fit is not None and math.floor(steep_fit.crossing(0.2)) >= 70
-    assert decide_profile_depth(steep, steep_fit, 0.2).depth == 69
+    decision = decide_profile_depth(steep, steep_fit, 0.2)
+    assert decision.depth == 60 and decision.bounded and "outside C=60..70" in decision.reason
     # Between the deepest level that met and the shallowest that missed, the line decides.
     missed = [_sample(1, 0.0115), _sample(64, 0.0745), _sample(230, 0.2405)]
     between = decide_profile_depth(missed, fit_samples(missed), 0.2)
