@@ -583,15 +583,40 @@ class QueueManager:
                 self._finish(query)
                 continue
             target = slot.pool.least_loaded(exclude=slot)
-            if query.attempts >= MAX_ATTEMPTS or target is None:
+            if query.attempts >= MAX_ATTEMPTS or (target is None and not self._move_to_another_pool(query)):
                 self._fail_query(query, QueryFailed(f"instance {slot.name} failed: {error}"))
                 continue
             slot.pool.metrics.failovers.inc()
-            self._enqueue(target, query)
+            if target is not None:
+                self._enqueue(target, query)
         self._freed()
         task = asyncio.create_task(self._restart(slot), name=f"restart-{slot.name}")
         self._restarts.add(task)
         task.add_done_callback(self._restarts.discard)
+
+    def _move_to_another_pool(self, query: Query) -> bool:
+        """Admit `query` again to another eligible pool that serves and has room for it (bulk room for a
+        bulk query), when its own pool has no other instance (a one-GPU accelerator pool whose engine
+        died): its request was admitted, and the CPU pool answering it late beats a 503. False when
+        no pool can take it.
+
+        The moved query keeps its attempts, and its request's latency is not sampled for the pool it
+        moved to: that time includes the failure, not the pool's own tail."""
+        for pool in self.serving_pools():
+            room = pool.bulk_room(self.bulk_share) if query.bulk else pool.room()
+            if pool is query.pool or room < 1:
+                continue
+            if pool.token_budget is not None and not pool.fit_tokens([query.ids]):
+                continue
+            self._finish(query)
+            moved = Query(query.request, query.index, query.ids, pool, bulk=query.bulk)
+            moved.attempts, moved.enqueued = query.attempts, self._now()
+            query.request.queries.append(moved)
+            self._admit(moved)
+            self._idle.clear()  # _finish may have set it: the query is in flight still
+            pool.metrics.dispatched.inc()
+            return True
+        return False
 
     def instance_down(self, instance: Instance, reason: str = "it stopped answering") -> None:
         """Treat `instance` as failed now (e.g. its process missed its heartbeats): stop its batcher,

@@ -28,7 +28,9 @@ UNAVAILABLE = Counter(
 BULK_REQUESTS = Counter("windve_bulk_requests", "Requests admitted in parts because the pools had no room for all")
 BULK_WAITING = Gauge("windve_bulk_waiting_queries", "Queries of bulk requests not yet admitted to a pool")
 FAILOVERS = Counter(
-    "windve_pool_failover_queries", "Queries moved off a failed instance of the pool", ["pool"]
+    "windve_pool_failover_queries",
+    "Queries moved off a failed instance of the pool, to another of its instances or another pool",
+    ["pool"],
 )
 FAILED = Counter("windve_pool_failed_queries", "Admitted queries answered with an error", ["pool"])
 CANCELLED = Counter(

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from queue_manager.manager import QueueManager
-from queue_manager.protocol import Busy, Unavailable
+from queue_manager.protocol import Busy, QueryFailed, Unavailable
 from tests.queue_manager.doubles import ControlledInstance, markers_of, queries, settle
 
 
@@ -38,16 +38,20 @@ def test_no_eligible_pool_able_to_serve_is_unavailable(heterogeneous):
         await qm.start()
         first = qm.admit(queries([1]))
         await settle()
-        acc.fail()  # its only instance: the query fails, the instance restarts (slowly)
+        acc.fail()  # its only instance: it restarts (slowly)
         await settle()
-        assert first.future.done()
-        if heterogeneous:  # the CPU pool still serves
+        if heterogeneous:  # the CPU pool answers the query, and serves on
+            assert not first.future.done() and markers_of(np.array(cpu.batch)) == [1]
+            cpu.complete()
+            assert markers_of(await first.future) == [1]
             qm.check_room(4)
             request = qm.admit(queries([2]))
             await settle()
             cpu.complete()
             assert markers_of(await request.future) == [2]
-        else:  # only the accelerator pool is eligible, and it has no instance
+        else:  # only the accelerator pool is eligible, and it has no instance: the query fails
+            with pytest.raises(QueryFailed):
+                await first.future
             with pytest.raises(Unavailable) as refused:
                 qm.check_room(1)
             assert refused.value.retry_after > 0
@@ -81,6 +85,32 @@ def test_a_query_that_never_ran_keeps_its_attempts():
         await settle()
         a.complete()
         assert [markers_of(await request.future) for request in requests] == [[1], [2], [3]]
+        await qm.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_pool_with_no_other_instance_hands_its_queries_to_another_pool_as_far_as_it_has_room():
+    async def scenario():
+        acc, cpu = SlowRestartInstance("acc0"), ControlledInstance("cpu0")
+        qm = QueueManager([("accelerator", 4, [acc]), ("cpu", 2, [cpu])])
+        await qm.start()
+        requests = [qm.admit(queries([m])) for m in (1, 2, 3)]
+        await settle()
+        accelerator, cpu_pool = qm.pools
+        assert accelerator.in_flight == 3 and markers_of(np.array(acc.batch)) == [1, 2, 3]
+        acc.fail()  # the one-GPU pool's engine died: the CPU pool has room for two of its queries
+        await settle()
+        assert (accelerator.in_flight, cpu_pool.in_flight, qm.in_flight) == (0, 2, 2)
+        assert markers_of(np.array(cpu.batch)) == [1, 2]
+        with pytest.raises(QueryFailed):
+            await requests[2].future
+        cpu.complete()
+        assert [markers_of(await request.future) for request in requests[:2]] == [[1], [2]]
+        assert (cpu_pool.in_flight, qm.in_flight) == (0, 0)
+        # Their time includes the failure: it is sampled for the pool they were admitted to only.
+        assert [[pool.name for pool, _ in request.loads] for request in requests] == [["accelerator"]] * 3
+        acc.back.set()
         await qm.close()
 
     asyncio.run(scenario())
