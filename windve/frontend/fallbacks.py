@@ -84,6 +84,11 @@ async def _api_error(request: Request, exc: ApiError) -> Response:
 
 async def _unexpected(request: Request, exc: Exception) -> Response:
     # The server error middleware logs the exception after this answer is sent.
+    return internal_error(request, exc)
+
+
+def internal_error(request: Request, exc: Exception) -> Response:
+    """The 500 for an exception no handler expected, in the route's error shape."""
     return ApiError(500, f"internal error ({type(exc).__name__}); see the server log", INTERNAL).response_for(
         _path(request)
     )

@@ -22,13 +22,23 @@ still meet it.
 from __future__ import annotations
 
 import functools
+import logging
 import time
+from collections.abc import Awaitable, Callable, Mapping
+
+from starlette.requests import Request
+from starlette.responses import Response
 
 from queue_manager.depth_control import DEFAULT_HEADROOM
 from queue_manager.protocol import Busy, Unavailable
 from windve.frontend import metrics
 from windve.frontend.errors import OVERLOADED, ApiError
+from windve.frontend.fallbacks import internal_error
 from windve.frontend.pipeline import ARRIVED, BUSY_ANSWERED, GATE_PASS, LANE_WAIT, refusal, release_pass
+
+log = logging.getLogger(__name__)
+
+Endpoint = Callable[[Request], Awaitable[Response]]
 
 # Embedding routes and their metric label; the error's shape (TEI's or OpenAI's) follows from the path.
 GATED = {"/embed": "embed", "/": "embed", "/v1/embeddings": "openai", "/embeddings": "openai"}
@@ -55,8 +65,10 @@ class OverloadGate:
     """The ASGI side of the gate. The HTTP protocol (http_protocol.py) asks the same question
     earlier, before it starts a request task, and answers from a cache of rendered refusals."""
 
-    def __init__(self, app) -> None:  # the FastAPI app
+    def __init__(self, app, direct: Mapping[str, Endpoint] | None = None) -> None:  # the FastAPI app
         self.app = app
+        # POST routes called straight, without the app's routing and middleware (routes.DIRECT_ROUTES).
+        self.direct = dict(direct or {})
         self.passes = 0  # requests let through and not yet at their room check
 
     @property
@@ -79,16 +91,33 @@ class OverloadGate:
         return headroom if tail is None else max(headroom, slo - tail)
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST" and GATE_PASS not in scope:
-            refused = self.refusal(scope["path"], scope["headers"], scope)
-            if refused is not None:
-                scope[BUSY_ANSWERED] = refused.status == 429
-                await refused.response_for(scope["path"])(scope, receive, send)
-                return
+        endpoint = None
+        if scope["type"] == "http" and scope["method"] == "POST":
+            if GATE_PASS not in scope:
+                refused = self.refusal(scope["path"], scope["headers"], scope)
+                if refused is not None:
+                    scope[BUSY_ANSWERED] = refused.status == 429
+                    await refused.response_for(scope["path"])(scope, receive, send)
+                    return
+            endpoint = self.direct.get(scope["path"])
         try:
-            await self.app(scope, receive, send)
+            if endpoint is None:
+                await self.app(scope, receive, send)
+            else:
+                await self._call(endpoint, scope, receive, send)
         finally:
             release_pass(scope)
+
+    async def _call(self, endpoint: Endpoint, scope, receive, send) -> None:
+        """Answer with `endpoint` as the app's router would, an unexpected exception with the app's 500."""
+        scope["app"] = self.app
+        request = Request(scope, receive, send)
+        try:
+            response = await endpoint(request)
+        except Exception as exc:  # noqa: BLE001 - as the app's fallback handler answers it
+            log.exception("unexpected error answering %s %s", scope["method"], scope["path"])
+            response = internal_error(request, exc)
+        await response(scope, receive, send)
 
     def refusal(self, path: str, headers, scope: dict) -> ApiError | None:
         """The 429 / 503 for a POST to `path` that the dispatcher has no room for, counted in the

@@ -31,13 +31,14 @@ def uvicorn_config(app, settings: Settings, drain_seconds: int, **where) -> uvic
     seconds in the listen queue (/health among them), asyncio's loop did not. It is asyncio's
     selector loop with the ready time of each step noted (event_loop.py), from which a request's
     time to answer is counted. The overload
-    gate answers BUSY before the framework; the HTTP protocol answers its parser's errors
-    in JSON."""
+    gate answers BUSY before the framework and calls the embedding routes without it; the HTTP
+    protocol answers its parser's errors in JSON."""
     from windve.frontend.gate import OverloadGate
     from windve.frontend.http_protocol import JsonErrorHttpToolsProtocol
+    from windve.frontend.routes import DIRECT_ROUTES
 
     return uvicorn.Config(
-        OverloadGate(app),
+        OverloadGate(app, DIRECT_ROUTES),
         loop="windve.frontend.event_loop:new_event_loop",
         http=JsonErrorHttpToolsProtocol,
         backlog=4096,

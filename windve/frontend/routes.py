@@ -17,7 +17,7 @@ from typing import TypeVar
 from fastapi import APIRouter
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 import windve
@@ -91,7 +91,7 @@ async def _answered(
         if status == 429:
             request.scope[BUSY_ANSWERED] = True
         return error_shape(error)
-    except ClientGone:
+    except (ClientGone, ClientDisconnect):  # gone while it waited, or while its body was read
         status = CLIENT_CLOSED
         return Response(status_code=CLIENT_CLOSED)
     finally:
@@ -312,3 +312,14 @@ async def prometheus_metrics(request: Request) -> Response:
         except (asyncio.TimeoutError, OSError):
             pass  # the front end's own metrics still answer while the dispatcher is busy or gone
     return Response(combined_metrics(dispatcher_text), media_type=CONTENT_TYPE_LATEST)
+
+
+# The embedding routes, by path, for the overload gate to call without the framework's routing,
+# dependency solving and middleware: a sixth of a front end's CPU per request, where front ends set
+# the service's rate (bench/SERVED.md). The routes above stay for every other caller and the schema.
+DIRECT_ROUTES: dict[str, Callable[[Request], Awaitable[Response]]] = {
+    "/embed": embed,
+    "/": embed,
+    "/v1/embeddings": openai_embeddings,
+    "/embeddings": openai_embeddings,
+}
