@@ -1,12 +1,12 @@
-"""What the front end -> dispatcher hop costs per request: in-process against ZMQ between processes.
+"""What the front end -> dispatcher hop costs per request: in-process against a Unix socket between processes.
 
 The same queue manager serves both, over an instance that answers at once (zeros), so what is
 timed is the path around the model: admission, batching, the hop and the answer. Prints the
 round trip of one request at a time (latency) and the requests per second with 64 in flight
 (throughput), for the in-process `LocalDispatcher` and for a `RemoteDispatcher` talking to a
-`DispatcherServer` in a child process over ZMQ ipc, and the CPU time per request of each side of
-the hop in the throughput run (from /proc: every thread, ZMQ's I/O thread included), which is
-what bounds one dispatcher process: at X us per request it admits at most 1 / X requests a second.
+`DispatcherServer` in a child process over its Unix socket, and the CPU time per request of each
+side of the hop in the throughput run (from /proc: every thread), which is what bounds one
+dispatcher process: at X us per request it admits at most 1 / X requests a second.
 
     python bench/hop.py [--requests 5000] [--texts 1]
 """
@@ -131,7 +131,7 @@ def main() -> None:
     folder = Path(tempfile.mkdtemp(prefix="windve-hop-"))
     board = folder / "board"
     StateBoard(board, create=True).close()
-    address = f"ipc://{folder}/dispatcher"
+    address = str(folder / "dispatcher.sock")
     context = multiprocessing.get_context("spawn")
     ready = context.Event()
     child = context.Process(target=_serve, args=(address, str(board), ready), daemon=True)
@@ -145,7 +145,7 @@ def main() -> None:
     print(f"{args.requests} requests of {args.texts} x 75-token text(s), an instance that answers at once")
     print(f"{'path':<34} {'one at a time (us)':>19} {'64 in flight (req/s)':>21}")
     print(f"{'in process (LocalDispatcher)':<34} {local[0] * 1e6:>19.1f} {local[1]:>21.0f}")
-    print(f"{'ZMQ ipc (RemoteDispatcher)':<34} {remote[0] * 1e6:>19.1f} {remote[1]:>21.0f}")
+    print(f"{'Unix socket (RemoteDispatcher)':<34} {remote[0] * 1e6:>19.1f} {remote[1]:>21.0f}")
     print(f"the hop adds {(remote[0] - local[0]) * 1e6:.1f} us to a request's round trip")
     print(f"CPU per request at 64 in flight: front-end side {remote[2]:.1f} us, dispatcher {remote[3]:.1f} us")
 

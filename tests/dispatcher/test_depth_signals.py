@@ -5,28 +5,31 @@ the state board carries the pools' live p99 to the front ends (the slow lane's b
 from __future__ import annotations
 
 import asyncio
+import socket
 
 import numpy as np
 import pytest
-import zmq
-import zmq.asyncio
 
 from queue_manager.protocol import Busy
 from windve.dispatcher import messages
 from windve.dispatcher.board import OK, StateBoard
 from windve.dispatcher.client import RemoteDispatcher
+from windve.dispatcher.link import FrameLink
 
 
 def test_a_refusal_for_room_rides_on_the_next_request(tmp_path):
     board = StateBoard(tmp_path / "board", create=True)
-    address = f"ipc://{tmp_path}/dispatcher"
+    address = str(tmp_path / "dispatcher.sock")
 
     async def body() -> list[bool]:
-        context = zmq.asyncio.Context()
-        router = context.socket(zmq.ROUTER)
-        router.bind(address)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(address)
+        listener.listen()
         front_end = RemoteDispatcher(address, tmp_path / "board")
         front_end.start()
+        received: asyncio.Queue = asyncio.Queue()
+        dispatcher = FrameLink(listener.accept()[0], received.put_nowait)
+        dispatcher.start()
         seen = []
         try:
             for free_room in (0, 8, 8):
@@ -37,12 +40,12 @@ def test_a_refusal_for_room_rides_on_the_next_request(tmp_path):
                 else:
                     front_end.check_room(1)
                 front_end.submit([np.array([101, 102], dtype=np.int32)])
-                frames = await asyncio.wait_for(router.recv_multipart(), 10)
-                seen.append(bool(messages.unpack(frames[1]).get("lacked_room")))
+                frames = await asyncio.wait_for(received.get(), 10)
+                seen.append(bool(messages.unpack(frames[0]).get("lacked_room")))
         finally:
             await front_end.close()
-            router.close(0)
-            context.term()
+            dispatcher.close()
+            listener.close()
         return seen
 
     try:
@@ -55,7 +58,7 @@ def test_a_refusal_for_room_rides_on_the_next_request(tmp_path):
 @pytest.mark.parametrize("tail", [None, 0.612])
 def test_the_board_carries_the_pools_live_tail(tmp_path, tail):
     board = StateBoard(tmp_path / "board", create=True)
-    front_end = RemoteDispatcher(f"ipc://{tmp_path}/d", tmp_path / "board")
+    front_end = RemoteDispatcher(str(tmp_path / "d.sock"), tmp_path / "board")
     try:
         board.write(ready=True, draining=False, health=OK, free_room=3, retry_after=1.0, live_tail=tail)
         assert front_end.live_tail() == tail

@@ -13,7 +13,7 @@ def test_sequences_round_trip_through_bytes(lengths):
     rng = np.random.default_rng(len(lengths))
     sequences = [rng.integers(0, 30522, size=n, dtype=np.int32) for n in lengths]
     lengths_bytes, ids_bytes = messages.pack_sequences(sequences)
-    # What ZMQ hands the dispatcher: bytes copied off the socket.
+    # What the link hands the dispatcher: bytes copied off the socket.
     back = messages.unpack_sequences(bytes(lengths_bytes), bytes(ids_bytes))
     assert [len(seq) for seq in back] == lengths
     for sent, received in zip(sequences, back):
@@ -46,41 +46,44 @@ def test_vectors_arrive_writable():
 
 
 def test_an_embed_request_and_its_answer_each_travel_as_one_frame(tmp_path):
-    """What a front end sends and what it reads back, over a real ZMQ socket pair."""
+    """What a front end sends and what it reads back, over a real Unix socket."""
     import asyncio
-
-    import zmq
+    import socket
 
     from windve.dispatcher.board import StateBoard
     from windve.dispatcher.client import RemoteDispatcher
+    from windve.dispatcher.link import FrameLink
 
     board = tmp_path / "board"
     StateBoard(board, create=True).close()
-    address = f"ipc://{tmp_path}/dispatcher"
+    address = str(tmp_path / "dispatcher.sock")
     sequences = [np.arange(1, 76, dtype=np.int32), np.arange(5, 9, dtype=np.int32)]
     vectors = np.arange(2 * 384, dtype=np.float32).reshape(2, 384)
 
     async def round_trip():
-        context = zmq.Context()
-        router = context.socket(zmq.ROUTER)
-        router.bind(address)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(address)
+        listener.listen()
         front_end = RemoteDispatcher(address, board)
         front_end.start()
+        received: asyncio.Queue = asyncio.Queue()
+        dispatcher = FrameLink(listener.accept()[0], received.put_nowait)
+        dispatcher.start()
         try:
             ticket = front_end.submit(sequences)
-            frames = await asyncio.to_thread(router.recv_multipart)
-            header = messages.unpack(frames[1])
+            frames = await asyncio.wait_for(received.get(), 10)
+            header = messages.unpack(frames[0])
             answer = {"id": header["id"], "status": messages.OK, "n": 2, "dim": 384, "vectors": vectors.data}
-            router.send_multipart([frames[0], messages.pack(answer)])
+            dispatcher.send([messages.pack(answer)])
             await asyncio.wait_for(ticket.future, 10)
             return frames, header, ticket.result()
         finally:
             await front_end.close()
-            router.close(0)
-            context.term()
+            dispatcher.close()
+            listener.close()
 
     frames, header, answered = asyncio.run(round_trip())
-    assert len(frames) == 2  # the front end's identity, then the one frame it sent
+    assert len(frames) == 1
     received = messages.unpack_sequences(header["lengths"], header["ids"])
     for sent, got in zip(sequences, received, strict=True):
         np.testing.assert_array_equal(got, sent)

@@ -128,7 +128,7 @@ def test_front_ends_of_a_warming_dispatcher_admit_but_say_starting(tmp_path):
     board = StateBoard(tmp_path / "board", create=True)
 
     async def body() -> list:
-        front_end = RemoteDispatcher(f"ipc://{tmp_path}/dispatcher", tmp_path / "board")
+        front_end = RemoteDispatcher(str(tmp_path / "dispatcher.sock"), tmp_path / "board")
         seen = []
         for warming in (True, False):
             board.write(ready=True, draining=False, health=OK, free_room=8, retry_after=1.0, warming=warming)

@@ -1,4 +1,4 @@
-"""How a front end reaches the dispatcher: in its own process, or over ZMQ.
+"""How a front end reaches the dispatcher: in its own process, or over a Unix socket.
 
 Both clients answer the same calls, so the front end's request path is one:
 - `check_room(n, promised)` before any work: BUSY (or 503) at once, costing no engine anything
@@ -17,20 +17,20 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import os
+import socket
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-import zmq
 
 from queue_manager.protocol import Busy, QueryFailed, ShuttingDown, Unavailable
 from windve.dispatcher import messages
 from windve.dispatcher.board import DEGRADED, OK, STARTING, UNAVAILABLE, StateBoard
-from windve.dispatcher.loop_socket import LoopSocket
+from windve.dispatcher.link import FrameLink
 from windve.probe import Address
 
+_GONE = {"status": messages.UNAVAILABLE, "message": "the dispatcher has gone", "retry_after": 1.0}
 HEALTH_NAMES = {STARTING: "starting", DEGRADED: "degraded", OK: "ok", UNAVAILABLE: "unhealthy"}
 CONTROL_TIMEOUT = 5.0  # /info and /metrics answers from the dispatcher
 
@@ -123,15 +123,13 @@ class RemoteTicket:
 
 
 class RemoteDispatcher:
-    """The dispatcher in the `windve serve` parent, reached over a ZMQ DEALER socket."""
+    """The dispatcher in the `windve serve` parent, reached over its Unix socket at `address`
+    (connected by `start`, from the running loop)."""
 
     def __init__(self, address: str, board_path: Path) -> None:
         self.board = StateBoard(board_path)
-        self._context = zmq.Context()
-        socket = self._context.socket(zmq.DEALER)
-        socket.setsockopt(zmq.IDENTITY, messages.front_end_identity(os.getpid()))
-        self._socket = LoopSocket(socket, self._receive)
-        socket.connect(address)
+        self.address = address
+        self._link: FrameLink | None = None
         self._ids = itertools.count(1)
         self._waiting: dict[int, asyncio.Future] = {}
         # A request was refused for want of room since the last submit: the dispatcher's depth
@@ -139,7 +137,21 @@ class RemoteDispatcher:
         self._lacked_room = False
 
     def start(self) -> None:
-        self._socket.start()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(self.address)  # the dispatcher listens before any front end starts
+        except OSError:
+            sock.close()
+            raise
+        self._link = FrameLink(sock, self._receive, on_close=self._lost)
+        self._link.start()
+
+    def _lost(self) -> None:
+        """The dispatcher has gone: every waiting request is answered unavailable, now."""
+        waiting, self._waiting = self._waiting, {}
+        for future in waiting.values():
+            if not future.done():
+                future.set_result((_GONE, []))
 
     def _receive(self, frames: list) -> None:
         header = messages.unpack(frames[0])
@@ -148,24 +160,30 @@ class RemoteDispatcher:
             future.set_result((header, frames[1:]))
 
     def _send(self, header: dict, *payload) -> asyncio.Future:
-        """Send now (ZMQ queues it without blocking); the answer resolves the returned future."""
+        """Queue it (written at the end of this turn); the answer resolves the returned future."""
         request_id = header["id"] = next(self._ids)
         future = asyncio.get_running_loop().create_future()
+        if self._link is None or self._link.closed:
+            future.set_result((_GONE, []))
+            return future
         self._waiting[request_id] = future
-        self._socket.send([messages.pack(header), *payload])
+        self._link.send([messages.pack(header), *payload])
         return future
 
     async def _ask(self, header: dict) -> tuple[dict, list]:
         future = self._send(header)
         try:
-            return await future
+            answer = await future
         finally:
             self._waiting.pop(header["id"], None)
+        if answer[0]["status"] != messages.OK:
+            raise ConnectionError(answer[0].get("message", "the dispatcher did not answer"))
+        return answer
 
     def forget(self, request_id: int) -> None:
         """The client has gone: drop the wait and tell the dispatcher to free the slots."""
-        if self._waiting.pop(request_id, None) is not None:
-            self._socket.send([messages.pack({"op": messages.CANCEL, "id": request_id})])
+        if self._waiting.pop(request_id, None) is not None and self._link is not None:
+            self._link.send([messages.pack({"op": messages.CANCEL, "id": request_id})])
 
     def check_room(self, wanted: int, promised: int = 0) -> None:
         state = self.board.read()
@@ -206,7 +224,8 @@ class RemoteDispatcher:
     async def serving(self, address: Address | None) -> None:
         """Tell the dispatcher that this front end answers /embed: its warm-up probe waits for every
         front end, as the probe's connections may reach any of them. `address`: the parent knows it."""
-        self._socket.send([messages.pack({"op": messages.SERVING, "id": 0})])
+        if self._link is not None:
+            self._link.send([messages.pack({"op": messages.SERVING, "id": 0})])
 
     async def info(self) -> dict:
         header, _ = await asyncio.wait_for(self._ask({"op": messages.INFO}), CONTROL_TIMEOUT)
@@ -217,6 +236,6 @@ class RemoteDispatcher:
         return payload[0]
 
     async def close(self) -> None:
-        self._socket.close()
-        self._context.term()
+        if self._link is not None:
+            self._link.close()
         self.board.close()

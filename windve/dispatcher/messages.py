@@ -1,11 +1,11 @@
-"""What front ends and the dispatcher say to each other over ZMQ: one msgpack frame per message.
+"""What front ends and the dispatcher say to each other over their link: one msgpack frame a message.
 
 An embed request carries its token ids and an answer its vectors inside that frame, as raw
 int32 / float32 bytes (msgpack's bin type), never pickled. One frame rather than a header frame
-and array frames: ZMQ's cost is per frame. In bench/hop.py the front end's CPU per request fell
-from 25.5-34.6 us to 20.5-23.5 and the dispatcher's from 40.6-48.6 to 37.1-38.6 (bench/SERVED.md,
-2026-11-26). Packing copies the ids and the vectors once more: a few hundred bytes and 1.5 KB for
-a one-text request. The metrics text still travels as a frame of its own.
+and array frames: ZMQ, which carried the hop then, cost per frame. In bench/hop.py the front
+end's CPU per request fell from 25.5-34.6 us to 20.5-23.5 and the dispatcher's from 40.6-48.6
+to 37.1-38.6 (bench/SERVED.md, 2026-11-26). Packing copies the ids and the vectors once more: a
+few hundred bytes and 1.5 KB for a one-text request. The metrics text still travels as a frame of its own.
 """
 
 from __future__ import annotations
@@ -60,5 +60,5 @@ def unpack_vectors(data, count: int, dim: int) -> np.ndarray:
 
 
 def front_end_identity(pid: int) -> bytes:
-    """A front end's ZMQ identity: the dispatcher knows its front ends' messages by their pids."""
+    """A front end's identity: the dispatcher knows its front ends' messages by their pids."""
     return f"fe-{pid}".encode()

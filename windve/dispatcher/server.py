@@ -1,10 +1,10 @@
-"""The dispatcher process's ZMQ side: front ends' embed requests in, vectors or refusals out.
+"""The dispatcher process's side of the hop: front ends' embed requests in, vectors or refusals out.
 
-One ROUTER socket serves every front end; each request is admitted by the queue manager in
-the step of the event loop that reads it, so admission stays atomic across front ends. The
-socket is read and written without a future per message (`LoopSocket`). A
-front end that dies has its admitted queries cancelled (`forget_client`): nobody will read
-their answers, and the slots they hold belong to the clients of the other front ends.
+One listening Unix socket; each front end holds one connection (`FrameLink`), known by its
+process id (SO_PEERCRED). Each request is admitted by the queue manager in the step of the
+event loop that reads it, so admission stays atomic across front ends. A front end that dies
+has its admitted queries cancelled (`forget_client`): nobody will read their answers, and the
+slots they hold belong to the clients of the other front ends.
 """
 
 from __future__ import annotations
@@ -12,18 +12,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
+import struct
 import time
 from collections.abc import Callable
 
 import numpy as np
-import zmq
 from prometheus_client import generate_latest
 
 from queue_manager.pool import Request
 from queue_manager.protocol import Busy, QueryFailed, ShuttingDown, Unavailable
 from windve.dispatcher import messages
 from windve.dispatcher.board import DEGRADED, OK, STARTING, UNAVAILABLE, StateBoard
-from windve.dispatcher.loop_socket import LoopSocket
+from windve.dispatcher.link import FrameLink
 from windve.service import Runtime
 
 log = logging.getLogger(__name__)
@@ -42,24 +43,51 @@ class DispatcherServer:
         self.peak_in_flight: dict[str, int] = {}  # per pool, since start: admission's bound, observed
         self.board = board
         self._runtime = runtime  # None while the engines load
-        self._context = zmq.Context()
-        self._socket = LoopSocket(self._context.socket(zmq.ROUTER), self._receive)
-        self._socket.socket.bind(address)
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listener.bind(address)  # before any front end starts: they connect at once
+        self._listener.listen(256)
+        self._listener.setblocking(False)
+        self._links: dict[bytes, FrameLink] = {}
         self._pending: dict[tuple[bytes, int], Request] = {}
         self._tasks: list[asyncio.Task] = []
         self.serving: set[bytes] = set()  # front ends that said they answer /embed (for the warm-up probe)
         self.serving_changed = asyncio.Event()  # set when one says so
 
     def start(self) -> None:
-        self._socket.start()
+        asyncio.get_running_loop().add_reader(self._listener.fileno(), self._accept)
         self._tasks = [asyncio.create_task(self._publish(), name="dispatcher-board")]
 
     async def close(self) -> None:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._socket.close()
-        self._context.term()
+        asyncio.get_running_loop().remove_reader(self._listener.fileno())
+        self._listener.close()
+        for link in list(self._links.values()):
+            link.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except BlockingIOError:
+                return
+            pid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
+            client = messages.front_end_identity(pid)
+            link = FrameLink(
+                conn, lambda frames, client=client: self._receive(client, frames),
+                on_close=lambda client=client: self._closed(client),
+            )
+            link.start()
+            old = self._links.get(client)
+            if old is not None:
+                old.close()
+            self._links[client] = link
+
+    def _closed(self, client: bytes) -> None:
+        link = self._links.get(client)
+        if link is not None and link.closed:  # not a newer connection of the same process
+            del self._links[client]
 
     # ---- the board -------------------------------------------------------------------
 
@@ -93,8 +121,8 @@ class DispatcherServer:
 
     # ---- requests --------------------------------------------------------------------
 
-    def _receive(self, frames: list) -> None:
-        client, header = frames[0], messages.unpack(frames[1])
+    def _receive(self, client: bytes, frames: list) -> None:
+        header = messages.unpack(frames[0])
         try:
             self._handle(client, header)
         except Exception:  # noqa: BLE001 - one bad message must not stop the dispatcher
@@ -185,8 +213,7 @@ class DispatcherServer:
         self._send(client, {"id": request_id, "status": status, "message": message, "retry_after": retry})
 
     def _send(self, client: bytes, header: dict, payload=None) -> None:
-        frames = [client, messages.pack(header)] + ([payload] if payload is not None else [])
-        try:
-            self._socket.send(frames)
-        except zmq.ZMQError as error:  # the socket is closing
-            log.warning("dispatcher: cannot answer front end %r: %s", client, error)
+        link = self._links.get(client)
+        if link is None or link.closed:  # the front end has gone: nobody would read it
+            return
+        link.send([messages.pack(header)] + ([payload] if payload is not None else []))

@@ -71,7 +71,7 @@ class Supervisor:
         (workdir / "settings.json").write_text(self.settings.model_dump_json())
         (workdir / "metrics").mkdir()
         board = StateBoard(workdir / "board", create=True)
-        server = DispatcherServer(f"ipc://{workdir}/dispatcher", board, lambda: self.runtime, self._front_end_pids)
+        server = DispatcherServer(str(workdir / "dispatcher.sock"), board, lambda: self.runtime, self._front_end_pids)
         server.start()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -171,7 +171,7 @@ class Supervisor:
                     sys.executable, "-m", "windve.frontend.process",
                     "--fd", str(listener.fileno()),
                     "--settings", str(workdir / "settings.json"),
-                    "--dispatcher", f"ipc://{workdir}/dispatcher",
+                    "--dispatcher", str(workdir / "dispatcher.sock"),
                     "--board", str(workdir / "board"),
                     "--drain-seconds", str(self.drain_seconds),
                     "--heartbeat-fd", str(heartbeat.fd),
