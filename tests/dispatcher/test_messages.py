@@ -88,3 +88,43 @@ def test_an_embed_request_and_its_answer_each_travel_as_one_frame(tmp_path):
     for sent, got in zip(sequences, received, strict=True):
         np.testing.assert_array_equal(got, sent)
     np.testing.assert_array_equal(answered, vectors)
+
+
+def test_a_front_end_whose_dispatcher_goes_answers_its_waiting_requests_unavailable_at_once(tmp_path):
+    import asyncio
+    import socket
+
+    import pytest
+
+    from queue_manager.protocol import Unavailable
+    from windve.dispatcher.board import StateBoard
+    from windve.dispatcher.client import RemoteDispatcher
+
+    board = tmp_path / "board"
+    StateBoard(board, create=True).close()
+    address = str(tmp_path / "dispatcher.sock")
+
+    async def body():
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(address)
+        listener.listen()
+        front_end = RemoteDispatcher(address, board)
+        front_end.start()
+        conn, _ = listener.accept()
+        try:
+            waiting = front_end.submit([np.arange(1, 9, dtype=np.int32)])
+            await asyncio.sleep(0)  # the request is written at the end of this turn
+            conn.close()  # the dispatcher's end goes
+            await asyncio.wait_for(waiting.future, 10)
+            later = front_end.submit([np.arange(1, 9, dtype=np.int32)])
+            return waiting, later
+        finally:
+            await front_end.close()
+            listener.close()
+
+    waiting, later = asyncio.run(body())
+    with pytest.raises(Unavailable, match="dispatcher has gone"):
+        waiting.result()
+    assert later.future.done()
+    with pytest.raises(Unavailable, match="dispatcher has gone"):
+        later.result()
