@@ -43,14 +43,23 @@ def bucketed(input_ids: np.ndarray, attention_mask: np.ndarray, step: int) -> tu
 
 @dataclass
 class Staged:
-    """A batch on its device. `copied`: the event its copy recorded on the copy stream (CUDA);
+    """A batch on its device. `copied`: the event its copy recorded on the copy stream (CUDA, NPU);
     `host`: the pinned source tensors, kept alive until that copy has run."""
 
     rows: int
     ids: torch.Tensor
     mask: torch.Tensor
-    copied: torch.cuda.Event | None = None
+    copied: object | None = None  # torch.cuda.Event or torch.npu.Event
     host: tuple[torch.Tensor, ...] = ()
+
+
+# Devices whose torch module has CUDA's stream API (torch_npu mirrors it as torch.npu).
+STREAM_DEVICES = ("cuda", "npu")
+
+
+def stream_module(device: torch.device):
+    """torch.cuda or torch.npu for a device that copies on a stream of its own; None on a CPU."""
+    return torch.get_device_module(device.type) if device.type in STREAM_DEVICES else None
 
 
 def load_encoder(spec: ModelSpec, dtype: str = "fp32", attn: str = "sdpa") -> torch.nn.Module:
@@ -93,9 +102,11 @@ class TorchEngine:
         self._model = load_encoder(spec, dtype).to(self._device)
         self._head = SentenceHead.from_spec(spec, self._device)
         self.shape_step = 1 if self._device.type == "cpu" else SHAPE_STEP
-        # On CUDA a batch is copied from pinned memory on a stream of its own, so that the copy of
-        # batch N+1 overlaps batch N's kernels (the engine process stages in another thread).
-        self._copy_stream = torch.cuda.Stream(self._device) if self._device.type == "cuda" else None
+        # On CUDA and Ascend a batch is copied from pinned memory on a stream of its own, so that
+        # the copy of batch N+1 overlaps batch N's kernels (the engine process stages in another
+        # thread). Measured on CUDA only (bench/SERVED.md); the NPU takes the same calls.
+        self._streams = stream_module(self._device)
+        self._copy_stream = self._streams.Stream(self._device) if self._streams is not None else None
 
     def embed(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         return self.run(self.stage(input_ids, attention_mask))
@@ -107,16 +118,16 @@ class TorchEngine:
         if self._copy_stream is None:
             return Staged(rows, ids.to(self._device), mask.to(self._device))
         ids, mask = ids.pin_memory(), mask.pin_memory()
-        with torch.cuda.stream(self._copy_stream):
+        with self._streams.stream(self._copy_stream):
             on_device = ids.to(self._device, non_blocking=True), mask.to(self._device, non_blocking=True)
-            copied = torch.cuda.Event()
+            copied = self._streams.Event()
             copied.record(self._copy_stream)
         return Staged(rows, *on_device, copied=copied, host=(ids, mask))
 
     @torch.inference_mode()
     def run(self, staged: Staged) -> np.ndarray:
         if staged.copied is not None:
-            compute = torch.cuda.current_stream(self._device)
+            compute = self._streams.current_stream(self._device)
             compute.wait_event(staged.copied)
             # Allocated on the copy stream, used on this one: the allocator must not reuse them
             # before this stream is done with them.
