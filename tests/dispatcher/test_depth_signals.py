@@ -5,16 +5,15 @@ the state board carries the pools' live p99 to the front ends (the slow lane's b
 from __future__ import annotations
 
 import asyncio
-import socket
 
 import numpy as np
 import pytest
 
 from queue_manager.protocol import Busy
+from tests.dispatcher.fake_dispatcher import connected_front_end
 from windve.dispatcher import messages
 from windve.dispatcher.board import OK, StateBoard
 from windve.dispatcher.client import RemoteDispatcher
-from windve.dispatcher.link import FrameLink
 
 
 def test_a_refusal_for_room_rides_on_the_next_request(tmp_path):
@@ -22,16 +21,9 @@ def test_a_refusal_for_room_rides_on_the_next_request(tmp_path):
     address = str(tmp_path / "dispatcher.sock")
 
     async def body() -> list[bool]:
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listener.bind(address)
-        listener.listen()
-        front_end = RemoteDispatcher(address, tmp_path / "board")
-        front_end.start()
-        received: asyncio.Queue = asyncio.Queue()
-        dispatcher = FrameLink(listener.accept()[0], received.put_nowait)
-        dispatcher.start()
         seen = []
-        try:
+        received: asyncio.Queue = asyncio.Queue()
+        async with connected_front_end(address, tmp_path / "board", received.put_nowait) as (front_end, _):
             for free_room in (0, 8, 8):
                 board.write(ready=True, draining=False, health=OK, free_room=free_room, retry_after=1.0)
                 if free_room == 0:
@@ -42,10 +34,6 @@ def test_a_refusal_for_room_rides_on_the_next_request(tmp_path):
                 front_end.submit([np.array([101, 102], dtype=np.int32)])
                 frames = await asyncio.wait_for(received.get(), 10)
                 seen.append(bool(messages.unpack(frames[0]).get("lacked_room")))
-        finally:
-            await front_end.close()
-            dispatcher.close()
-            listener.close()
         return seen
 
     try:

@@ -48,11 +48,9 @@ def test_vectors_arrive_writable():
 def test_an_embed_request_and_its_answer_each_travel_as_one_frame(tmp_path):
     """What a front end sends and what it reads back, over a real Unix socket."""
     import asyncio
-    import socket
 
+    from tests.dispatcher.fake_dispatcher import connected_front_end
     from windve.dispatcher.board import StateBoard
-    from windve.dispatcher.client import RemoteDispatcher
-    from windve.dispatcher.link import FrameLink
 
     board = tmp_path / "board"
     StateBoard(board, create=True).close()
@@ -61,15 +59,8 @@ def test_an_embed_request_and_its_answer_each_travel_as_one_frame(tmp_path):
     vectors = np.arange(2 * 384, dtype=np.float32).reshape(2, 384)
 
     async def round_trip():
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listener.bind(address)
-        listener.listen()
-        front_end = RemoteDispatcher(address, board)
-        front_end.start()
         received: asyncio.Queue = asyncio.Queue()
-        dispatcher = FrameLink(listener.accept()[0], received.put_nowait)
-        dispatcher.start()
-        try:
+        async with connected_front_end(address, board, received.put_nowait) as (front_end, dispatcher):
             ticket = front_end.submit(sequences)
             frames = await asyncio.wait_for(received.get(), 10)
             header = messages.unpack(frames[0])
@@ -77,10 +68,6 @@ def test_an_embed_request_and_its_answer_each_travel_as_one_frame(tmp_path):
             dispatcher.send([messages.pack(answer)])
             await asyncio.wait_for(ticket.future, 10)
             return frames, header, ticket.result()
-        finally:
-            await front_end.close()
-            dispatcher.close()
-            listener.close()
 
     frames, header, answered = asyncio.run(round_trip())
     assert len(frames) == 1
@@ -92,35 +79,25 @@ def test_an_embed_request_and_its_answer_each_travel_as_one_frame(tmp_path):
 
 def test_a_front_end_whose_dispatcher_goes_answers_its_waiting_requests_unavailable_at_once(tmp_path):
     import asyncio
-    import socket
 
     import pytest
 
     from queue_manager.protocol import Unavailable
+    from tests.dispatcher.fake_dispatcher import connected_front_end
     from windve.dispatcher.board import StateBoard
-    from windve.dispatcher.client import RemoteDispatcher
 
     board = tmp_path / "board"
     StateBoard(board, create=True).close()
     address = str(tmp_path / "dispatcher.sock")
 
     async def body():
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listener.bind(address)
-        listener.listen()
-        front_end = RemoteDispatcher(address, board)
-        front_end.start()
-        conn, _ = listener.accept()
-        try:
+        async with connected_front_end(address, board) as (front_end, dispatcher):
             waiting = front_end.submit([np.arange(1, 9, dtype=np.int32)])
             await asyncio.sleep(0)  # the request is written at the end of this turn
-            conn.close()  # the dispatcher's end goes
+            dispatcher.close()  # the dispatcher's end goes
             await asyncio.wait_for(waiting.future, 10)
             later = front_end.submit([np.arange(1, 9, dtype=np.int32)])
             return waiting, later
-        finally:
-            await front_end.close()
-            listener.close()
 
     waiting, later = asyncio.run(body())
     with pytest.raises(Unavailable, match="dispatcher has gone"):
