@@ -11,6 +11,8 @@ Histogram sums, counts and one bucket only, so each figure is exact over the run
 - request: a 200's whole time, from its arrival (the kernel's stamp) to its answer, encoded and
   ready to write; what is left of it beyond front end + queue + batch is the hop to the
   dispatcher and back, normalizing and encoding;
+- late: the requests refused for having waited in the front end past their admission budget
+  (windve_late_refusals_total, windve/frontend/pipeline.py);
 - over the SLO: the 200s slower than the SLO, read at the bucket bound that is the SLO (1 s is
   one) or the next above it. Every 200 counts, not a sample of them: the accepted p99 is within
   the SLO exactly when at most 1 % are over it.
@@ -34,6 +36,7 @@ HISTOGRAMS = {
     "windve_batch_size": "pool",
 }
 ANSWERS = "windve_request_seconds"
+LATE = "windve_late_refusals"
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,7 @@ class Snapshot:
     sums: dict[str, tuple[float, float]]  # "family" or "family:label" -> (sum, count)
     bound: float  # the bucket bound read for the SLO (seconds): the SLO, or the next bound above it
     within: float  # 200s answered within `bound`, summed over routes
+    late: float = 0.0  # requests refused as late
 
 
 def snapshot(port: int, slo: float) -> Snapshot:
@@ -49,7 +53,10 @@ def snapshot(port: int, slo: float) -> Snapshot:
     text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
     sums: dict[str, list[float]] = {}
     within: dict[float, float] = {}
+    late = 0.0
     for family in text_string_to_metric_families(text):
+        if family.name == LATE:
+            late += sum(sample.value for sample in family.samples if sample.name == LATE + "_total")
         if family.name not in HISTOGRAMS:
             continue
         label = HISTOGRAMS[family.name]
@@ -63,13 +70,14 @@ def snapshot(port: int, slo: float) -> Snapshot:
             key = f"{family.name}:{sample.labels[label]}" if label else family.name
             sums.setdefault(key, [0.0, 0.0])[kind] += sample.value
     bound = min((b for b in within if b >= slo), default=math.inf)
-    return Snapshot({key: (total, count) for key, (total, count) in sums.items()}, bound, within.get(bound, 0.0))
+    totals = {key: (total, count) for key, (total, count) in sums.items()}
+    return Snapshot(totals, bound, within.get(bound, 0.0), late)
 
 
 def split(before: Snapshot, after: Snapshot) -> dict:
     """The run's means, {"family[:label]": (mean, how many)} for each histogram it added to, and
-    "over_slo": (200s over the SLO's bound, 200s, the bound)."""
-    out: dict = {}
+    "over_slo": (200s over the SLO's bound, 200s, the bound), "late": requests refused as late."""
+    out: dict = {"late": round(after.late - before.late)}
     for key, (total, count) in after.sums.items():
         old_total, old_count = before.sums.get(key, (0.0, 0.0))
         if count > old_count:
@@ -101,4 +109,6 @@ def describe(means: dict) -> str:
         over, answers, bound = means["over_slo"]
         line += f"; 200s over {bound:g} s: {over} of {answers} ({100 * over / answers:.2f} %)"
     parts.append(line)
+    if means.get("late"):
+        parts.append(f"{means['late']} refused late")
     return "; ".join(parts)

@@ -19,7 +19,7 @@ import pytest
 from queue_manager.protocol import Busy
 from tests.frontend.kernel_stamps import Transport, stamped_connection
 from tests.servers import read_answers, uvicorn_in_thread
-from windve.frontend import event_loop, http_protocol
+from windve.frontend import event_loop, http_protocol, metrics
 from windve.frontend.gate import LATE, OverloadGate
 from windve.frontend.http_protocol import JsonErrorHttpToolsProtocol
 from windve.frontend.pipeline import ARRIVED, GATE_PASS, LANE_WAIT, release_pass
@@ -293,12 +293,14 @@ def test_a_refused_connection_is_read_again_after_an_answer_and_counts_its_wait(
 def test_a_request_that_waited_parked_past_the_slos_headroom_is_busy_whatever_the_room(served):
     app, port, server = served
     app.state.settings.slo_seconds = 0.0  # a headroom of no time at all: any wait is too long
+    late = metrics.LATE._value.get()
     with park(port, server) as parked, socket.create_connection(("127.0.0.1", port), timeout=10) as other:
         app.dispatcher.room = 1
         other.sendall(post(b"admitted"))
         assert answer(other)[0] == 200
         status, _, body = answer(parked)
     assert status == 429 and LATE.encode() in body
+    assert metrics.LATE._value.get() == late + 1  # only the parked one was late
     assert b"waiting" not in app.seen
 
 

@@ -136,6 +136,7 @@ class OverloadGate:
 
     def _refused(self, dispatcher, scope: dict) -> ApiError | None:
         if scope.get(LANE_WAIT) and time.perf_counter() - scope[ARRIVED] > self.lane_budget():
+            metrics.LATE.inc()
             return ApiError(429, LATE, OVERLOADED, retry_after=1.0)
         try:
             dispatcher.check_room(1, promised=self.passes)

@@ -13,6 +13,11 @@ TOKEN_COUNT_BUCKETS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 163
 
 REQUESTS = Counter("windve_requests", "HTTP embedding requests answered", ["route", "status"])
 ERRORS = Counter("windve_errors", "Embedding requests answered with an error", ["route", "error_type"])
+LATE = Counter(
+    "windve_late_refusals",
+    "Embedding requests refused (429) because they waited in a parked connection longer than the SLO leaves "
+    "beyond the pools' live p99",
+)
 TOKENS = Counter("windve_input_tokens", "Tokens of the inputs embedded (after truncation)")
 INPUTS = Counter("windve_inputs", "Texts embedded")
 # Answers only: under a storm, thousands of instant refusals would pull the p99 down exactly when the
