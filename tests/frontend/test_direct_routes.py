@@ -12,9 +12,9 @@ from starlette.testclient import TestClient
 from tests.servers import uvicorn_in_thread, wait_for
 from windve.frontend import metrics
 from windve.frontend.app import create_app
-from windve.frontend.gate import OverloadGate
+from windve.frontend.gate import GATED, OverloadGate
 from windve.frontend.http_protocol import JsonErrorHttpToolsProtocol
-from windve.frontend.routes import DIRECT_ROUTES
+from windve.frontend.routes import DIRECT_ROUTES, embed, openai_embeddings
 from windve.settings import Settings
 
 # Each route's answers before the model is ready (503), and to a bad body (422 / 400 before that).
@@ -84,3 +84,10 @@ def test_a_client_gone_while_its_body_was_read_is_counted_499_not_200():
             sock.sendall(head + b'{"inputs": ')  # the rest of the body never comes
         wait_for(lambda: closed._value.get() == before + 1, "the gone client was not counted 499")
     assert metrics.REQUESTS.labels("embed", "200")._value.get() == answered_before
+
+
+def test_the_gate_guards_every_embedding_route_and_labels_it_by_its_api():
+    assert DIRECT_ROUTES == {"/embed": embed, "/": embed, "/v1/embeddings": openai_embeddings,
+                             "/embeddings": openai_embeddings}
+    labels = {embed: "embed", openai_embeddings: "openai"}
+    assert GATED == {path: labels[endpoint] for path, endpoint in DIRECT_ROUTES.items()}

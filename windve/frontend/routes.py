@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from fastapi import APIRouter
+from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
 from starlette.requests import ClientDisconnect, Request
@@ -316,10 +317,10 @@ async def prometheus_metrics(request: Request) -> Response:
 
 # The embedding routes, by path, for the overload gate to call without the framework's routing,
 # dependency solving and middleware: a sixth of a front end's CPU per request, where front ends set
-# the service's rate (bench/SERVED.md). The routes above stay for every other caller and the schema.
+# the service's rate (bench/SERVED.md). The routes above stay for every other caller and the schema;
+# the paths are read from them, so that a path added there is called straight too.
 DIRECT_ROUTES: dict[str, Callable[[Request], Awaitable[Response]]] = {
-    "/embed": embed,
-    "/": embed,
-    "/v1/embeddings": openai_embeddings,
-    "/embeddings": openai_embeddings,
+    route.path: route.endpoint
+    for route in router.routes
+    if isinstance(route, APIRoute) and "POST" in route.methods and route.endpoint in (embed, openai_embeddings)
 }
