@@ -127,3 +127,27 @@ def test_a_malformed_message_closes_the_link():
         return link.closed
 
     assert asyncio.run(body())
+
+
+def test_a_link_closed_between_read_turns_hands_over_nothing_more():
+    async def body() -> list:
+        near, far = socket.socketpair()
+        got: list = []
+        first = asyncio.Event()
+        loop = asyncio.get_running_loop()
+
+        def first_closes(frames: list) -> None:
+            got.append(frames)
+            first.set()
+            loop.call_soon(link.close)  # before the next read turn, which is queued after this
+
+        link = FrameLink(near, first_closes, turn_seconds=0.0)  # one message a turn
+        link.start()
+        far.sendall(encode([b"1"]) + encode([b"2"]) + encode([b"3"]))
+        await asyncio.wait_for(first.wait(), 10)
+        for _ in range(5):  # loop steps enough for the queued read turns to run
+            await asyncio.sleep(0)
+        far.close()
+        return got
+
+    assert asyncio.run(body()) == [[b"1"]]

@@ -154,6 +154,8 @@ class FrameLink:
 
     def _parse(self) -> None:
         self._parse_queued = False
+        if self.closed:  # closed since this turn was queued: what is left was read for nobody
+            return
         ends = self._clock() + self._turn_seconds
         buffer, at, malformed = self._in, 0, False
         with memoryview(buffer) as view:
