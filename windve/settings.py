@@ -47,9 +47,11 @@ class Settings(BaseSettings):
     # Front-end processes (HTTP, validation, tokenization). None = from the reserved service
     # cores: 1 where one process is fastest (small machines).
     http_workers: int | None = Field(None, ge=1, le=64)
-    # Niceness of front-end work (HTTP, tokenization, answering BUSY): where front ends share
-    # cores with engines, a storm of refusals must not take the engines' CPU. 0 = off.
-    frontend_nice: int = Field(10, ge=0, le=19)
+    # Niceness of front-end work (HTTP, tokenization, answering BUSY) on cores shared with
+    # engines, so that a storm of refusals does not take the engines' CPU. 0 = off. None = 10
+    # for one process (the dispatcher inside it), 0 for front ends beside a dispatcher of their
+    # own, whose answers a niced loop held for 0.4 s under a storm (bench/SERVED.md).
+    frontend_nice: int | None = Field(None, ge=0, le=19)
 
     # Model
     model: str | None = None  # local folder or model id; None = bundled all-MiniLM-L6-v2

@@ -15,7 +15,7 @@ from windve.cache import create_cache
 from windve.frontend.context import FrontEnd, start_local_front_end
 from windve.frontend.fallbacks import install_fallbacks
 from windve.frontend.pipeline import EmbeddingPipeline
-from windve.frontend.priority import lower_this_thread
+from windve.frontend.priority import loop_niceness, lower_this_thread
 from windve.frontend.routes import router
 from windve.frontend.tokenize_limits import BUDGET_REQUESTS, TokenBudget
 from windve.gc_tuning import tune_gc_for_serving
@@ -91,7 +91,7 @@ async def _start(
         app.state.pipeline = EmbeddingPipeline(runtime, cache=create_cache(settings))
         tune_gc_for_serving()
         # After the engines started: their processes were spawned by threads that keep their priority.
-        lower_this_thread(settings.frontend_nice)
+        lower_this_thread(loop_niceness(settings.frontend_nice))
         # The front end serves now (/health says so once the dispatcher is ready): the warm-up
         # probe, in this process or the dispatcher's, may time its rounds through it.
         address = await listening.wait() if listening is not None else None

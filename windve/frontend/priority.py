@@ -17,6 +17,16 @@ import threading
 
 log = logging.getLogger(__name__)
 
+# The default where the front end carries the dispatcher (one process): refusals take the CPU the
+# engines leave, and the admitted requests' work in this loop waits for it too.
+SINGLE_PROCESS_NICE = 10
+
+
+def loop_niceness(setting: int | None) -> int:
+    """The niceness a front end's loop takes: `setting`, or where it is unset (one process; the
+    supervisor resolves it for front ends of their own) SINGLE_PROCESS_NICE."""
+    return SINGLE_PROCESS_NICE if setting is None else setting
+
 
 def lower_this_thread(niceness: int) -> None:
     """Add `niceness` to the calling thread's nice value (Linux: per thread)."""
