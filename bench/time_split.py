@@ -11,8 +11,8 @@ Histogram sums, counts and one bucket only, so each figure is exact over the run
 - request: a 200's whole time, from its arrival (the kernel's stamp) to its answer, encoded and
   ready to write; what is left of it beyond front end + queue + batch is the hop to the
   dispatcher and back, normalizing and encoding;
-- late: the requests refused for having waited in the front end past their admission budget
-  (windve_late_refusals_total, windve/frontend/pipeline.py);
+- late: the requests refused for having waited in a parked connection (the slow lane) longer
+  than the SLO leaves beyond the pools' live p99 (windve_late_refusals_total, windve/frontend/gate.py);
 - over the SLO: the 200s slower than the SLO, read at the bucket bound that is the SLO (1 s is
   one) or the next above it. Every 200 counts, not a sample of them: the accepted p99 is within
   the SLO exactly when at most 1 % are over it.
