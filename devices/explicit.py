@@ -4,7 +4,8 @@ Each entry (a mapping, or an object with these attributes such as settings.Insta
 `pool` (accelerator | cpu, required), `device` (cpu | cuda:N | npu:N, default cpu), `cores`
 (CPU numbers; required for cpu devices, the feeding core otherwise), `tp` (default 1; for a cpu
 device it must equal the NUMA nodes its cores span), `engine` (default: the engine setting),
-`threads` (default: physical cores, or 1 for an accelerator), optional `name`.
+`threads` (default: physical cores, or 1 for an accelerator), `name` (default `<pool>-<n>`, n counting
+within the pool; unique).
 A CPU engine in the accelerator pool is allowed: it is how a CPU-only machine runs two pools.
 """
 

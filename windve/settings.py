@@ -24,6 +24,8 @@ class InstanceConfig(BaseModel):
     model_config = {"extra": "forbid"}
 
     pool: Literal["accelerator", "cpu"]
+    # Shown in /info and the engines' metric labels; default <pool>-<index within the pool>.
+    name: str | None = Field(None, min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     device: str = "cpu"  # cpu | cuda:N | npu:N
     cores: list[int] = Field(default_factory=list)
     tp: int = 1

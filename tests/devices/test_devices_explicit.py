@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from devices import Accelerator, PlanError, make_plan
-from windve.settings import InstanceConfig
+from windve.settings import InstanceConfig, SettingsError, load_settings
 
 V100 = Accelerator("cuda", 0, "Tesla V100-SXM2-32GB", 32 * 2**30)
 
@@ -97,3 +99,19 @@ def test_invalid_explicit_plan_names_the_problem(hardware_for, machine, entries,
     hardware = hardware_for(machine, (V100,) if extra.get("gpu") else (), extra.get("allowed"))
     with pytest.raises(PlanError, match=message):
         make_plan(hardware, cpu_layout="explicit", explicit=entries, reserved_cores=extra.get("reserved"))
+
+
+def test_names_from_the_plan_setting_reach_the_instances(hardware_for, monkeypatch) -> None:
+    monkeypatch.setenv(
+        "WINDVE_PLAN", '[{"pool": "accelerator", "cores": [0], "name": "fast"}, {"pool": "cpu", "cores": [1]}]'
+    )
+    settings = load_settings(cpu_layout="explicit")
+    plan = make_plan(hardware_for("vm2"), cpu_layout="explicit", explicit=settings.plan)
+    assert [i.name for i in plan.instances] == ["fast", "cpu-0"]
+
+
+@pytest.mark.parametrize("name", ["", "has space", "-dash-first", "x" * 65])
+def test_a_name_that_cannot_be_a_label_is_refused_naming_the_setting(monkeypatch, name) -> None:
+    monkeypatch.setenv("WINDVE_PLAN", json.dumps([{"pool": "cpu", "cores": [0], "name": name}]))
+    with pytest.raises(SettingsError, match=r"plan\.0\.name"):
+        load_settings(cpu_layout="explicit")

@@ -46,6 +46,7 @@ def test_config_schema_choices_match_the_settings() -> None:
         ({"config": {"slo_seconds": 0}}, "/config/slo_seconds"),
         ({"config": {"port": 9000}}, "additional properties 'port' not allowed"),
         ({"config": {"plan": [{"pool": "gpu"}]}}, "/config/plan/0/pool"),
+        ({"config": {"plan": [{"pool": "cpu", "name": "has space"}]}}, "/config/plan/0/name"),
         ({"accelerator": {"type": "tpu"}}, "/accelerator/type"),
         ({"replicacount": 3}, "additional properties 'replicacount' not allowed"),
         ({"redis": {"externalUrl": "localhost:6379"}}, "/redis/externalUrl"),
@@ -75,7 +76,7 @@ def test_explicit_plan_reaches_the_settings_file(chart: Any) -> None:
     from windve.settings import InstanceConfig
 
     plan = [
-        {"pool": "accelerator", "device": "cuda:0"},
+        {"pool": "accelerator", "device": "cuda:0", "name": "gpu0"},
         {"pool": "cpu", "cores": [4, 5, 6, 7], "engine": "onnx"},
     ]
     release = render(chart, {"config": {"cpu_layout": "explicit", "plan": plan}})
