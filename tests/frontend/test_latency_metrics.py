@@ -13,25 +13,25 @@ from starlette.responses import Response
 
 from queue_manager.protocol import Busy
 from windve.frontend.errors import OVERLOADED, VALIDATION, ApiError
-from windve.frontend.gate import OverloadGate
+from windve.frontend.gate import GATED, OverloadGate
 from windve.frontend.pipeline import ARRIVED
-from windve.frontend.routes import _answered
+from windve.frontend.routes import TIMED_ROUTES, _answered
 from windve.settings import Settings
 
 ROUTE = "embed"
 EARLIER = 0.3  # seconds before the handler ran that the request's bytes arrived
 
 
-def latency() -> tuple[float, float]:
-    """(sum, count) of windve_request_seconds for ROUTE."""
-    labels = {"route": ROUTE}
+def latency(route: str = ROUTE) -> tuple[float, float]:
+    """(sum, count) of windve_request_seconds for `route`."""
+    labels = {"route": route}
     total = REGISTRY.get_sample_value("windve_request_seconds_sum", labels) or 0.0
     count = REGISTRY.get_sample_value("windve_request_seconds_count", labels) or 0.0
     return total, count
 
 
-def answered(status: int) -> float:
-    return REGISTRY.get_sample_value("windve_requests_total", {"route": ROUTE, "status": str(status)}) or 0.0
+def answered(status: int, route: str = ROUTE) -> float:
+    return REGISTRY.get_sample_value("windve_requests_total", {"route": route, "status": str(status)}) or 0.0
 
 
 def request(arrived: float | None = None) -> Request:
@@ -42,11 +42,11 @@ def request(arrived: float | None = None) -> Request:
     return Request(scope)
 
 
-def run(handle, arrived: float | None = None) -> Response:
-    def shape(error: ApiError) -> Response:  # the route's error body: not what is tested here
+def run(handle, arrived: float | None = None, route: str = ROUTE, shape=None) -> Response:
+    def status_only(error: ApiError) -> Response:  # the route's error body: not what is tested here
         return Response(status_code=error.status)
 
-    return asyncio.run(_answered(request(arrived), ROUTE, handle, shape))
+    return asyncio.run(_answered(request(arrived), route, handle, shape or status_only))
 
 
 def test_an_answer_counts_from_its_arrival() -> None:
@@ -85,3 +85,26 @@ def test_the_gates_refusals_are_counted_but_not_timed() -> None:
     error = gate.refusal("/embed", headers, {ARRIVED: time.perf_counter() - EARLIER})
     assert error is not None and error.status == 429
     assert latency() == before and answered(429) == count + 1
+
+
+def test_answers_that_are_not_embeddings_are_counted_but_not_timed() -> None:
+    """/tokenize and the model lists answer at once; timed, they would dilute the SLO's share."""
+
+    async def handle() -> Response:
+        return Response(b"{}")
+
+    for route in ("tokenize", "models"):
+        before, count = latency(route), answered(200, route)
+        assert run(handle, arrived=time.perf_counter() - EARLIER, route=route).status_code == 200
+        assert latency(route) == before and answered(200, route) == count + 1
+    assert TIMED_ROUTES == set(GATED.values())  # every embedding route is timed
+
+
+def test_an_openai_error_is_counted_with_the_status_it_was_sent_with() -> None:
+    async def handle() -> Response:
+        raise ApiError(422, "inputs must not be empty", VALIDATION)
+
+    sent_400, sent_422 = answered(400, "openai"), answered(422, "openai")
+    response = run(handle, route="openai", shape=ApiError.openai_response)
+    assert response.status_code == 400
+    assert answered(400, "openai") == sent_400 + 1 and answered(422, "openai") == sent_422
