@@ -35,13 +35,14 @@ from windve.frontend import metrics
 from windve.frontend.errors import OVERLOADED, ApiError
 from windve.frontend.fallbacks import internal_error
 from windve.frontend.pipeline import ARRIVED, BUSY_ANSWERED, GATE_PASS, LANE_WAIT, refusal, release_pass
+from windve.frontend.routes import DIRECT_ROUTES, EMBEDDING_ROUTES
 
 log = logging.getLogger(__name__)
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 
 # Embedding routes and their metric label; the error's shape (TEI's or OpenAI's) follows from the path.
-GATED = {"/embed": "embed", "/": "embed", "/v1/embeddings": "openai", "/embeddings": "openai"}
+GATED = {path: EMBEDDING_ROUTES[endpoint] for path, endpoint in DIRECT_ROUTES.items()}
 SMALL_BODY = 64 * 1024  # larger bodies go the normal way: the server must read them to keep the connection
 LATE = "model is overloaded: this request waited too long to be read to meet the latency SLO"
 

@@ -72,9 +72,6 @@ def _pipeline(request: Request) -> EmbeddingPipeline:
     return pipeline
 
 
-TIMED_ROUTES = frozenset({"embed", "openai"})  # the labels windve_request_seconds times: embedding answers
-
-
 async def _answered(
     request: Request,
     route: str,
@@ -103,7 +100,7 @@ async def _answered(
         metrics.REQUESTS.labels(route, str(status)).inc()
         # Refusals and errors are counted above; as latencies they would hide the answers'. Model
         # lists and /tokenize are not the SLO's: their instant 200s would dilute it.
-        if status == 200 and route in TIMED_ROUTES:
+        if status == 200 and route in TIMED_ROUTES:  # (defined below, with the routes)
             metrics.E2E_TIME.labels(route).observe(time.perf_counter() - started)
 
 
@@ -325,8 +322,10 @@ async def prometheus_metrics(request: Request) -> Response:
 # dependency solving and middleware: a sixth of a front end's CPU per request, where front ends set
 # the service's rate (bench/SERVED.md). The routes above stay for every other caller and the schema;
 # the paths are read from them, so that a path added there is called straight too.
+EMBEDDING_ROUTES = {embed: "embed", openai_embeddings: "openai"}  # endpoint -> its metric label (route)
+TIMED_ROUTES = frozenset(EMBEDDING_ROUTES.values())  # the labels windve_request_seconds times
 DIRECT_ROUTES: dict[str, Callable[[Request], Awaitable[Response]]] = {
     route.path: route.endpoint
     for route in router.routes
-    if isinstance(route, APIRoute) and "POST" in route.methods and route.endpoint in (embed, openai_embeddings)
+    if isinstance(route, APIRoute) and "POST" in route.methods and route.endpoint in EMBEDDING_ROUTES
 }
