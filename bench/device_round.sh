@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The accelerator figures the open issues ask for, in one command that fits one device lease
+# (a machine start plus at most 10 minutes a command, 15 in all): a lease is short, and a figure
+# compared across machine starts swings by up to 50 %, so everything is measured in one start.
+#
+#   bash bench/device_round.sh LARGE_MODEL_DIR SMALL_MODEL_DIR [OUT_DIR]
+#
+# Steps (STEPS, comma-separated, default all three; each bounded by `timeout`, so that one that
+# hangs leaves the others' figures):
+#   large      the large encoder (bge-large's shape): the engine's in-process ceiling at batch
+#              32/128/512, served 200s/s and p99, the overload levels, and the accelerator pool's
+#              rate with the CPU pool idle, full and saturated (bench/served.py, ~220 s on an H200);
+#   small      the small encoder (MiniLM's shape): ceiling and served rate (~90 s);
+#   calibrate  `windve calibrate` of the accelerator pool over HTTP against a stress test on the
+#              same path, at a 0.25 s SLO (~170 s).
+# Environment, defaults are the GPU run's: PYTHON (python3), CLIENTS (1024,4096), FACTORS
+# (1,1.5,2,10), LEVEL_SECONDS (8), CAL_SLO (0.25), CAL_STEP (16), POOLS (accelerator).
+# Logs and JSON go to OUT_DIR (default: $OUT, else ./device-round).
+set -u
+large=${1:?usage: device_round.sh LARGE_MODEL_DIR SMALL_MODEL_DIR [OUT_DIR]}
+small=${2:?usage: device_round.sh LARGE_MODEL_DIR SMALL_MODEL_DIR [OUT_DIR]}
+out=${3:-${OUT:-device-round}}
+python=${PYTHON:-python3}
+steps=,${STEPS:-large,small,calibrate},
+mkdir -p "$out"
+export HF_HUB_OFFLINE=1
+
+step() {  # step NAME SECONDS COMMAND...: run it bounded, log it, say how it ended
+    local name=$1 limit=$2
+    shift 2
+    echo "== $name ($(date -u +%T), at most $limit s): $*"
+    local start=$SECONDS
+    timeout "$limit" "$@" >"$out/$name.log" 2>&1
+    local rc=$?
+    echo "== $name: rc $rc in $((SECONDS - start)) s; log $out/$name.log"
+    tail -n 40 "$out/$name.log"
+}
+
+{
+    "$python" - <<'EOF'
+import torch
+print("torch", torch.__version__, "cuda", torch.cuda.is_available(),
+      torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU")
+EOF
+    git rev-parse --short HEAD 2>/dev/null
+    "$python" -m windve.cli detect 2>&1 | tail -n 20
+
+    [[ $steps == *,large,* ]] && step large 300 "$python" bench/served.py --model "$large" \
+        --sections engine,served,overload,isolation --clients "${CLIENTS:-1024,4096}" \
+        --overload-factors "${FACTORS:-1,1.5,2,10}" --seconds "${LEVEL_SECONDS:-8}" \
+        --warmup-seconds 2 --json-out "$out/large.json"
+    [[ $steps == *,small,* ]] && step small 150 "$python" bench/served.py --model "$small" \
+        --sections engine,served --clients "${CLIENTS:-1024,4096}" --seconds "${LEVEL_SECONDS:-8}" --warmup-seconds 2 \
+        --json-out "$out/small.json"
+    [[ $steps == *,calibrate,* ]] && step calibrate 240 env WINDVE_MODEL="$large" "$python" -m windve.cli \
+        calibrate --pools "${POOLS:-accelerator}" --slo "${CAL_SLO:-0.25}" --stress-test \
+        --step "${CAL_STEP:-16}" --out "$out/calibration.json"
+    true
+} 2>&1 | tee "$out/round.log"
