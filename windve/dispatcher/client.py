@@ -99,15 +99,19 @@ class LocalDispatcher:
 class RemoteTicket:
     """A request sent to the dispatcher in another process; admitted or refused there."""
 
-    def __init__(self, client: RemoteDispatcher, request_id: int, future: asyncio.Future) -> None:
+    def __init__(self, client: RemoteDispatcher, request_id: int, future: asyncio.Future, waited: float) -> None:
         self._client = client
         self._id = request_id
         self.future = future
+        self._since = time.perf_counter() - waited
 
     def result(self) -> np.ndarray:
         header, payload = self.future.result()
         status = header["status"]
         if status == messages.OK:
+            # Timed here, as LocalTicket times it: the answer's wait in this front end's socket and
+            # loop is the client's wait too, and it is what grows when the front ends are full.
+            self._client.report(self._id, time.perf_counter() - self._since)
             return messages.unpack_vectors(header["vectors"], header["n"], header["dim"])
         retry = header.get("retry_after", 1.0)
         if status == messages.BUSY:
@@ -135,6 +139,9 @@ class RemoteDispatcher:
         # A request was refused for want of room since the last submit: the dispatcher's depth
         # control counts the pools as full (QueueManager.lacked_room), told with the next submit.
         self._lacked_room = False
+        # Answered requests' times, sent to the dispatcher once a loop turn (messages.DONE).
+        self._done_ids: list[int] = []
+        self._done_seconds: list[float] = []
 
     def start(self) -> None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -185,6 +192,20 @@ class RemoteDispatcher:
         if self._waiting.pop(request_id, None) is not None and self._link is not None:
             self._link.send([messages.pack({"op": messages.CANCEL, "id": request_id})])
 
+    def report(self, request_id: int, seconds: float) -> None:
+        """Request `request_id` was answered `seconds` after its bytes arrived: a live latency
+        sample for the dispatcher's depth control, sent with the others of this loop turn."""
+        if not self._done_ids:
+            asyncio.get_running_loop().call_soon(self._send_reports)
+        self._done_ids.append(request_id)
+        self._done_seconds.append(seconds)
+
+    def _send_reports(self) -> None:
+        ids, seconds = self._done_ids, self._done_seconds
+        self._done_ids, self._done_seconds = [], []
+        if ids and self._link is not None and not self._link.closed:
+            self._link.send([messages.pack({"op": messages.DONE, "id": 0, "ids": ids, "seconds": seconds})])
+
     def check_room(self, wanted: int, promised: int = 0) -> None:
         state = self.board.read()
         if not state.alive:
@@ -209,7 +230,7 @@ class RemoteDispatcher:
         if self._lacked_room:
             header["lacked_room"], self._lacked_room = True, False
         future = self._send(header)
-        return RemoteTicket(self, header["id"], future)
+        return RemoteTicket(self, header["id"], future, waited)
 
     def status(self) -> dict:
         state = self.board.read()

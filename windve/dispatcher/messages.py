@@ -17,6 +17,9 @@ import numpy as np
 
 EMBED, CANCEL, INFO, METRICS = "embed", "cancel", "info", "metrics"
 SERVING = "serving"  # a front end can answer /embed now (no answer): the warm-up probe waits for every one
+# A front end's answered requests (no answer), each with its time from its bytes' arrival to the
+# answer back in the front end: depth control's live samples (server.py `_reported`).
+DONE = "done"
 # Answer statuses, each mapped to an HTTP answer by the front end.
 OK, BUSY, DRAINING, UNAVAILABLE, FAILED = "ok", "busy", "draining", "unavailable", "failed"
 

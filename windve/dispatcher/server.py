@@ -29,6 +29,10 @@ from windve.service import Runtime
 
 log = logging.getLogger(__name__)
 
+# An answer whose front end has not reported its time within this many seconds is forgotten: its
+# client left before the front end read it, and no one saw that latency.
+UNREPORTED_SECONDS = 60.0
+
 
 class DispatcherServer:
     def __init__(
@@ -49,6 +53,8 @@ class DispatcherServer:
         self._listener.setblocking(False)
         self._links: dict[bytes, FrameLink] = {}
         self._pending: dict[tuple[bytes, int], Request] = {}
+        # Answered, waiting for the front end's report of the request's time (messages.DONE), oldest first.
+        self._unreported: dict[tuple[bytes, int], tuple[Request, float]] = {}
         self._tasks: list[asyncio.Task] = []
         self.serving: set[bytes] = set()  # front ends that said they answer /embed (for the warm-up probe)
         self.serving_changed = asyncio.Event()  # set when one says so
@@ -133,7 +139,10 @@ class DispatcherServer:
         op, request_id = header["op"], header["id"]
         if op == messages.EMBED:
             self._embed(client, request_id, header)
+        elif op == messages.DONE:
+            self._reported(client, header["ids"], header["seconds"])
         elif op == messages.CANCEL:
+            self._unreported.pop((client, request_id), None)
             request = self._pending.pop((client, request_id), None)
             runtime = self._runtime()
             if request is not None and runtime is not None:
@@ -178,8 +187,6 @@ class DispatcherServer:
                 self.peak_in_flight[pool.name] = pool.in_flight
         key = (client, request_id)
         self._pending[key] = request
-        admitted = time.perf_counter()
-        waited = float(header.get("waited", 0.0))
 
         def answered(future: asyncio.Future) -> None:
             if self._pending.pop(key, None) is None or future.cancelled():
@@ -190,7 +197,7 @@ class DispatcherServer:
                 self._answer(client, request_id, status, message=str(error), retry=1.0)
                 return
             vectors = future.result()
-            qm.record_latency(request, waited + time.perf_counter() - admitted)
+            self._await_report(key, request)
             count, dim = vectors.shape
             vectors = np.ascontiguousarray(vectors, dtype=np.float32)  # msgpack takes C-ordered buffers only
             header = {"id": request_id, "status": messages.OK, "n": count, "dim": dim, "vectors": vectors.data}
@@ -198,10 +205,35 @@ class DispatcherServer:
 
         request.future.add_done_callback(answered)
 
+    def _await_report(self, key: tuple[bytes, int], request: Request) -> None:
+        """Keep an answered request until its front end says how long its client waited for it."""
+        now = time.perf_counter()
+        unreported = self._unreported
+        unreported[key] = (request, now)
+        while True:
+            oldest = next(iter(unreported))
+            if now - unreported[oldest][1] < UNREPORTED_SECONDS:
+                return
+            del unreported[oldest]
+
+    def _reported(self, client: bytes, request_ids: list[int], seconds: list[float]) -> None:
+        """Depth control's live samples: each answered request's time from its bytes' arrival at the
+        front end to its answer back there, as a front end in the dispatcher's process times it
+        (client.LocalTicket). Timed here, from admission to the answer leaving, a sample left out
+        the answer's wait in the link and in the front end's loop, which grows as front ends fill."""
+        runtime = self._runtime()
+        qm = runtime.queue_manager if runtime is not None else None
+        for request_id, took in zip(request_ids, seconds):
+            entry = self._unreported.pop((client, request_id), None)
+            if entry is not None and qm is not None:
+                qm.record_latency(entry[0], float(took))
+
     def forget_client(self, client: bytes) -> int:
         """Cancel every admitted query of a front end that has gone; returns how many requests."""
         runtime = self._runtime()
         self.serving.discard(client)
+        for key in [key for key in self._unreported if key[0] == client]:
+            del self._unreported[key]
         gone = [key for key in self._pending if key[0] == client]
         for key in gone:
             request = self._pending.pop(key)
