@@ -22,6 +22,8 @@ small=${2:?usage: device_round.sh LARGE_MODEL_DIR SMALL_MODEL_DIR [OUT_DIR]}
 out=${3:-${OUT:-device-round}}
 python=${PYTHON:-python3}
 steps=,${STEPS:-large,small,calibrate},
+clients=${CLIENTS:-1024,4096}
+seconds=${LEVEL_SECONDS:-8}
 mkdir -p "$out"
 export HF_HUB_OFFLINE=1
 
@@ -46,11 +48,11 @@ EOF
     "$python" -m windve.cli detect 2>&1 | tail -n 20
 
     [[ $steps == *,large,* ]] && step large 300 "$python" bench/served.py --model "$large" \
-        --sections engine,served,overload,isolation --clients "${CLIENTS:-1024,4096}" \
-        --overload-factors "${FACTORS:-1,1.5,2,10}" --seconds "${LEVEL_SECONDS:-8}" \
+        --sections engine,served,overload,isolation --clients "$clients" \
+        --overload-factors "${FACTORS:-1,1.5,2,10}" --seconds "$seconds" \
         --warmup-seconds 2 --json-out "$out/large.json"
     [[ $steps == *,small,* ]] && step small 150 "$python" bench/served.py --model "$small" \
-        --sections engine,served --clients "${CLIENTS:-1024,4096}" --seconds "${LEVEL_SECONDS:-8}" --warmup-seconds 2 \
+        --sections engine,served --clients "$clients" --seconds "$seconds" --warmup-seconds 2 \
         --json-out "$out/small.json"
     [[ $steps == *,calibrate,* ]] && step calibrate 240 env WINDVE_MODEL="$large" "$python" -m windve.cli \
         calibrate --pools "${POOLS:-accelerator}" --slo "${CAL_SLO:-0.25}" --stress-test \
