@@ -42,7 +42,8 @@ class RecordingApp:
 
     def __init__(self) -> None:
         self.dispatcher = Dispatcher()
-        self.state = SimpleNamespace(runtime=SimpleNamespace(dispatcher=self.dispatcher), startup_error=None)
+        runtime = SimpleNamespace(dispatcher=self.dispatcher)
+        self.state = SimpleNamespace(runtime=runtime, startup_error=None, settings=SimpleNamespace(api_key=None))
         self.seen: list[str] = []
         self.arrived: list[float | None] = []
 
@@ -127,6 +128,20 @@ def test_other_requests_and_large_bodies_go_the_normal_way(served):
         sock.sendall(post("/tokenize", BODY) + post("/embed", big))
         statuses = [status for status, _, _ in read_answers(sock, 2)]
     assert statuses == [200, 200] and app.seen == ["/tokenize", "/embed"]
+
+
+def test_without_the_api_key_a_request_goes_to_its_401_not_a_busy(served):
+    # The app behind the gate here answers 200 to all: what reaches it is what the route would
+    # answer 401. A client with the key still meets the full service's 429.
+    app, port = served
+    app.state.settings.api_key = "key"
+    keyed = post("/embed", BODY).replace(b"Host: t\r\n", b"Host: t\r\nAuthorization: Bearer key\r\n")
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(post("/embed", BODY))
+        assert read_answers(sock, 1)[0][0] == 200
+        sock.sendall(keyed)
+        assert read_answers(sock, 1)[0][0] == 429
+    assert app.seen == ["/embed"]
 
 
 def test_the_asgi_gate_sends_the_same_bytes(served):

@@ -45,15 +45,21 @@ def assert_tei_error(response: httpx.Response, status: int, error_type: str) -> 
     return body["error"]
 
 
-@pytest.mark.parametrize("path", ["/v1/nothing", "/v1", "/embeddings/x", "/v1/model"])
+OPENAI_UNKNOWN = ["/v1/nothing", "/v1", "/embeddings/x", "/v1/model", "/v1/embeddings/", "/embeddings/"]
+
+
+@pytest.mark.parametrize("path", OPENAI_UNKNOWN)
 def test_unknown_openai_paths_are_openai_404s(client, path):
     error = assert_openai_error(client.post(path, json={}), 404)
     assert error["type"] == "invalid_request_error" and "Invalid URL" in error["message"]
 
 
-@pytest.mark.parametrize("path", ["/nothing", "/embed/x", "/v2/embeddings"])
+@pytest.mark.parametrize("path", ["/nothing", "/embed/x", "/v2/embeddings", "/embed/", "/health/"])
 def test_unknown_paths_elsewhere_are_tei_404s(client, path):
+    # A trailing slash too, as TEI answers it: not a bodiless redirect to the path without it.
     assert "no such route" in assert_tei_error(client.get(path), 404, "not_found")
+    if path != "/health/":
+        assert "no such route" in assert_tei_error(client.post(path, json={"inputs": "x"}), 404, "not_found")
 
 
 def test_model_id_no_route_pattern_matches_is_model_not_found(client):

@@ -69,6 +69,8 @@ def create_app(
             "Text embeddings on every processor of the server: accelerator first, CPU overflow, BUSY when full."
         ),
         lifespan=lifespan,
+        # TEI answers /embed/ with a 404; a bodiless 307 is no error a client can read.
+        redirect_slashes=False,
     )
     app.state.settings = settings
     app.state.runtime = None

@@ -1,20 +1,27 @@
-"""Read a request body with a byte limit, and decode it as JSON."""
+"""Read a request body with a byte limit, decode its content coding, and parse it as JSON."""
 
 from __future__ import annotations
 
+import zlib
 from typing import Any
 
 import orjson
 from starlette.requests import Request
 
-from windve.frontend.errors import TOO_LARGE, VALIDATION, ApiError
+from windve.frontend.errors import TOO_LARGE, UNSUPPORTED_ENCODING, VALIDATION, ApiError
+
+# Content codings a body may come in (RFC 9110 8.4.1), as zlib's window bits: gzip's header, or
+# deflate's, which HTTP defines as the zlib format.
+_CODINGS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 
 
 async def read_json(request: Request, limit: int) -> Any:
-    """The decoded JSON body; 413 past `limit` bytes (checked before reading when declared)."""
+    """The decoded JSON body; 413 past `limit` bytes, as sent (checked before reading when declared)
+    or decoded; 415 for a content coding other than gzip or deflate."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, f"request body of {declared} bytes exceeds the limit of {limit} bytes", TOO_LARGE)
+    codings = _codings(request.headers.get("content-encoding", ""))
     chunks = []
     size = 0
     async for chunk in request.stream():
@@ -23,9 +30,38 @@ async def read_json(request: Request, limit: int) -> Any:
             raise ApiError(413, f"request body exceeds the limit of {limit} bytes", TOO_LARGE)
         chunks.append(chunk)
     body = b"".join(chunks)
+    for coding in reversed(codings):  # the last coding applied comes off first
+        body = _decoded(body, coding, limit)
     if not body:
         raise ApiError(422, "request body is empty; send a JSON object", VALIDATION)
     try:
         return orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise ApiError(422, f"request body is not valid JSON: {exc}", VALIDATION) from None
+
+
+def _codings(header: str) -> list[str]:
+    codings = [coding.strip().lower() for coding in header.split(",")]
+    codings = [coding for coding in codings if coding and coding != "identity"]
+    unsupported = [coding for coding in codings if coding not in _CODINGS]
+    if unsupported:
+        raise ApiError(
+            415, f"Content-Encoding {unsupported[0]!r} is not supported: send the body as is, gzip or deflate",
+            UNSUPPORTED_ENCODING, headers={"Accept-Encoding": "gzip, deflate"},
+        )  # fmt: skip
+    return codings
+
+
+def _decoded(body: bytes, coding: str, limit: int) -> bytes:
+    """`body` with `coding` taken off, never more than `limit` bytes of it (a small body may inflate
+    a thousandfold)."""
+    decoder = zlib.decompressobj(_CODINGS[coding])
+    try:
+        decoded = decoder.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise ApiError(422, f"request body is not valid {coding} data: {exc}", VALIDATION) from None
+    if len(decoded) > limit:
+        raise ApiError(413, f"request body exceeds the limit of {limit} bytes once decoded ({coding})", TOO_LARGE)
+    if not decoder.eof:
+        raise ApiError(422, f"request body is not valid {coding} data: it ends before its stream does", VALIDATION)
+    return decoded

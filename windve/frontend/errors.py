@@ -23,6 +23,7 @@ MODEL_NOT_FOUND = "model_not_found"
 NOT_FOUND = "not_found"  # no route at this path
 METHOD_NOT_ALLOWED = "method_not_allowed"
 MALFORMED = "malformed_request"  # HTTP the parser could not read
+UNSUPPORTED_ENCODING = "unsupported_media_type"  # a Content-Encoding the server cannot decode
 INTERNAL = "internal"
 
 _OPENAI_TYPES = {
@@ -33,6 +34,7 @@ _OPENAI_TYPES = {
     NOT_FOUND: ("invalid_request_error", None),
     METHOD_NOT_ALLOWED: ("invalid_request_error", None),
     MALFORMED: ("invalid_request_error", None),
+    UNSUPPORTED_ENCODING: ("invalid_request_error", "unsupported_content_encoding"),
     OVERLOADED: ("server_busy", "busy"),
     BACKEND: ("server_error", "backend_error"),
     UNHEALTHY: ("server_error", "unavailable"),

@@ -13,6 +13,9 @@ admission, a loop step or more after the gate let the request in; without the pa
 request read in the step after room freed went through, and all but the first few were
 refused only after their parsing, validation and tokenizing.
 
+A request without the API key (setting `api_key`) is let through, to its 401: a wrong key is
+answered as wrong whatever the load, and the load is not told to a client without the key.
+
 A request that waited in its socket while its connection sat in the slow lane (slow_lane.py)
 for longer than the SLO leaves beyond the pools' live p99 (`lane_budget`) is refused whatever
 the room: admitted, it would answer past the SLO, and the room is kept for requests that can
@@ -32,6 +35,7 @@ from starlette.responses import Response
 from queue_manager.depth_control import DEFAULT_HEADROOM
 from queue_manager.protocol import Busy, Unavailable
 from windve.frontend import metrics
+from windve.frontend.auth import authorized
 from windve.frontend.errors import OVERLOADED, ApiError
 from windve.frontend.fallbacks import internal_error
 from windve.frontend.pipeline import ARRIVED, BUSY_ANSWERED, GATE_PASS, LANE_WAIT, refusal, release_pass
@@ -128,6 +132,8 @@ class OverloadGate:
         front_end = self.app.state.runtime
         if route is None or front_end is None or not _small(headers):
             return None
+        if not authorized(headers, self.app.state.settings.api_key):
+            return None  # the route answers 401
         error = self._refused(front_end.dispatcher, scope)
         if error is None:
             scope[GATE_PASS] = GatePass(self)

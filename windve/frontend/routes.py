@@ -51,8 +51,8 @@ BodyModel = TypeVar("BodyModel", bound=BaseModel)
 CLIENT_CLOSED = 499  # nginx's code: nobody reads it, but logs and metrics say what happened
 MODEL_PATHS = ("/v1/models/", "/models/")  # where one model is looked up by id
 
-_TEI_ERRORS = {code: {"model": TeiError} for code in (401, 413, 422, 429, 503)}
-_OPENAI_ERRORS = {code: {"model": OpenAIError} for code in (400, 401, 413, 429, 503)}
+_TEI_ERRORS = {code: {"model": TeiError} for code in (401, 413, 415, 422, 429, 503)}
+_OPENAI_ERRORS = {code: {"model": OpenAIError} for code in (400, 401, 413, 415, 429, 503)}
 _MODELS_ERRORS = {code: {"model": OpenAIError} for code in (401, 503)}
 
 

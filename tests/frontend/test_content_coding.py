@@ -1,0 +1,63 @@
+"""Request bodies sent gzip- or deflate-encoded (Content-Encoding) are decoded, within the byte
+limit once decoded; a coding the server cannot decode is a 415 in the route's error shape."""
+
+from __future__ import annotations
+
+import gzip
+import zlib
+
+import httpx
+import orjson
+import pytest
+
+TEXTS = ["a body sent compressed", "and a second input"]
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with httpx.Client(base_url=server.url, timeout=60, headers={"Cache-Control": "no-store"}) as http:
+        yield http
+
+
+def post(client: httpx.Client, path: str, body: bytes, coding: str) -> httpx.Response:
+    return client.post(path, content=body, headers={"Content-Type": "application/json", "Content-Encoding": coding})
+
+
+@pytest.mark.parametrize(
+    ("coding", "encode"),
+    [("gzip", gzip.compress), ("deflate", zlib.compress), ("x-gzip", gzip.compress),
+     ("gzip, gzip", lambda body: gzip.compress(gzip.compress(body))), ("identity", lambda body: body)],
+)  # fmt: skip
+def test_encoded_bodies_give_the_vectors_of_the_plain_one(client, coding, encode):
+    plain = client.post("/embed", json={"inputs": TEXTS}).json()
+    assert post(client, "/embed", encode(orjson.dumps({"inputs": TEXTS})), coding).json() == plain
+    openai = post(client, "/v1/embeddings", encode(orjson.dumps({"input": TEXTS})), coding)
+    assert [item["embedding"] for item in openai.json()["data"]] == plain
+
+
+def test_a_body_over_the_limit_once_decoded_is_413(client):
+    # 3 MiB of one letter compresses to a few KiB: the limit (2 MiB) holds for what it decodes to.
+    bomb = gzip.compress(b'{"inputs": "' + b"a" * (3 << 20) + b'"}')
+    assert len(bomb) < 64 * 1024
+    tei = post(client, "/embed", bomb, "gzip")
+    assert tei.status_code == 413 and "once decoded" in tei.json()["error"]
+    assert post(client, "/v1/embeddings", bomb, "gzip").status_code == 413
+
+
+def test_data_that_is_not_what_its_coding_says_is_a_validation_error(client):
+    body = orjson.dumps({"inputs": TEXTS})
+    tei = post(client, "/embed", body, "gzip")
+    assert tei.status_code == 422 and "not valid gzip data" in tei.json()["error"]
+    cut_short = gzip.compress(body)[:-12]
+    assert "ends before its stream" in post(client, "/embed", cut_short, "gzip").json()["error"]
+    openai = post(client, "/v1/embeddings", zlib.compress(body)[:5], "deflate")
+    assert openai.status_code == 400 and openai.json()["error"]["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize("coding", ["br", "zstd", "gzip, br"])
+def test_a_coding_the_server_cannot_decode_is_415_in_each_shape(client, coding):
+    tei = post(client, "/embed", b"\x00\x01", coding)
+    assert tei.status_code == 415 and tei.json()["error_type"] == "unsupported_media_type"
+    assert tei.headers["accept-encoding"] == "gzip, deflate"
+    openai = post(client, "/v1/embeddings", b"\x00\x01", coding)
+    assert openai.status_code == 415 and openai.json()["error"]["code"] == "unsupported_content_encoding"
