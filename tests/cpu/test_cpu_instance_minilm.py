@@ -148,13 +148,13 @@ def test_killing_a_rank_fails_the_batch_then_restart_heals(g2, minilm_engine, ru
         task = await embed_until_in_flight(g2, big, rank=1)
         victim, survivor = g2.pids[1], g2.pids[0]
         os.kill(victim, signal.SIGKILL)
-        started = time.monotonic()
+        # Seen as rank 1's death at once (its pidfd), not at rank 0's reduce timeout: that would
+        # fail the batch with rank 0's "timed out after 4 s waiting for rank 1" instead.
         with pytest.raises(InstanceFailed, match=r"rank 1 .*killed by SIGKILL"):
             await task
-        return time.monotonic() - started, victim, survivor
+        return victim, survivor
 
-    elapsed, victim, survivor = run_async(kill_mid_batch())
-    assert elapsed < REDUCE_TIMEOUT
+    victim, survivor = run_async(kill_mid_batch())
     assert g2.info()["running"] is False
     assert own_segments() == []
     with pytest.raises(ProcessLookupError):  # the parent killed (and reaped) rank 0 too
@@ -169,10 +169,9 @@ def test_killing_a_rank_fails_the_batch_then_restart_heals(g2, minilm_engine, ru
 
 def test_a_stuck_rank_times_out_in_the_all_reduce(g2, minilm_engine, run_async):
     os.kill(g2.pids[1], signal.SIGSTOP)  # alive but silent: only the reduce timeout can tell
-    started = time.monotonic()
+    # The reduce timeout (4 s) is what failed the batch, not the batch's own (300 s) or a heartbeat's.
     with pytest.raises(InstanceFailed, match=r"rank 0: .*timed out after 4 s waiting for rank 1"):
         run_async(g2.embed(token_batch(2, 30522, seed=6)))
-    assert time.monotonic() - started < REDUCE_TIMEOUT + 5
     run_async(g2.restart())
     sequences = token_batch(2, 30522, seed=7)
     assert_close(run_async(g2.embed(sequences)), reference_embeddings(minilm_engine, sequences))

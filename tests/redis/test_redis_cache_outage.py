@@ -77,7 +77,10 @@ def test_killed_redis_reads_as_misses_is_skipped_while_open_and_logged_once(redi
 
 
 def test_hung_redis_costs_one_timeout_then_is_skipped(redis_server) -> None:
-    breaker = CircuitBreaker("test cache", initial_cooldown=0.2, max_cooldown=0.4)
+    # The breaker runs on a fake clock: a stall of the (loaded) machine between two calls must
+    # not count as a cool-down elapsing, or a probe would go to the hung Redis.
+    clock = FakeClock()
+    breaker = CircuitBreaker("test cache", initial_cooldown=0.2, max_cooldown=0.4, clock=clock)
     cache = create_cache(
         cache_settings(redis_server.url, redis_timeout_seconds=0.2), l1_entries=0, breaker=breaker
     )
@@ -89,20 +92,40 @@ def test_hung_redis_costs_one_timeout_then_is_skipped(redis_server) -> None:
             found, seconds = await timed(cache.get_many(KEYS))
             assert found == [None] * 8 and seconds < NO_HANG_SECONDS
             assert cache.stats()["errors"] == {"redis": 1}
-            _, seconds = await timed(cache.get_many(KEYS))
-            assert seconds < 0.1  # breaker open: Redis is not even tried
+            assert breaker.state == "open"
+
+            # breaker open: Redis is not even tried. A call to the hung Redis could only time
+            # out, which would count a second error.
+            found, seconds = await timed(cache.get_many(KEYS))
+            assert found == [None] * 8 and seconds < NO_HANG_SECONDS
+            await cache.put_many(KEYS, VECTORS)
+            assert cache.stats()["errors"] == {"redis": 1}
+            assert breaker.state == "open"
+
+            # once the cool-down is over, one probe goes through, costs one more timeout and
+            # reopens the breaker for the doubled cool-down
+            clock.advance(0.2)
+            found, seconds = await timed(cache.get_many(KEYS))
+            assert found == [None] * 8 and seconds < NO_HANG_SECONDS
+            assert cache.stats()["errors"] == {"redis": 2}
+            assert breaker.state == "open"
+            clock.advance(0.39)
+            await cache.get_many(KEYS)
+            assert cache.stats()["errors"] == {"redis": 2}
         finally:
             redis_server.resume()
-        await wait_until_cached(cache)
+        await wait_until_cached(cache, clock)
         await cache.close()
 
     asyncio.run(scenario())
 
 
-async def wait_until_cached(cache, deadline_seconds: float = 30.0) -> None:
-    """Keep serving "requests" until one stores and reads back through Redis again."""
+async def wait_until_cached(cache, clock: FakeClock, deadline_seconds: float = 30.0) -> None:
+    """Keep serving "requests" until one stores and reads back through Redis again; each round
+    moves the breaker's fake clock past its longest cool-down, so every round may probe."""
     deadline = time.monotonic() + deadline_seconds
     while time.monotonic() < deadline:
+        clock.advance(cache.breaker.max_cooldown)
         await cache.put_many(KEYS, VECTORS)
         found = await cache.get_many(KEYS)
         if all(vector is not None for vector in found):
