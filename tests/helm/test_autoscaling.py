@@ -46,9 +46,9 @@ def test_adapter_query_is_per_pod_and_honours_the_hpa_selector() -> None:
 
 def test_hpa_can_scale_on_one_pool(chart: Any) -> None:
     values = values_file("autoscaling-values.yaml")
-    values["autoscaling"]["queueOccupancy"]["pool"] = "accelerator"
+    values["autoscaling"]["queueOccupancy"]["pool"] = "cpu"
     (metric,) = render(chart, values).get("HorizontalPodAutoscaler", FULLNAME)["spec"]["metrics"]
-    assert metric["pods"]["metric"]["selector"] == {"matchLabels": {"pool": "accelerator"}}
+    assert metric["pods"]["metric"]["selector"] == {"matchLabels": {"pool": "cpu"}}
 
 
 def test_keda_replaces_the_hpa_with_the_same_bounds(releases: dict[str, Release]) -> None:
@@ -77,7 +77,7 @@ def test_keda_trigger_reads_this_releases_pod_occupancy(releases: dict[str, Rele
     selectors = set(re.findall(r"windve_[a-z_]+\{([^}]*)\}", query))
     (selector,) = selectors  # every series read with the same filter
     labels = dict(re.findall(r'(\w+)=~?"([^"]*)"', selector))
-    assert labels["namespace"] == NAMESPACE and labels["pool"] == "accelerator"
+    assert labels["namespace"] == NAMESPACE and "pool" not in labels  # CPU-only pods: both pools
     # PromQL regexes are anchored: the server Deployment's pods, not Redis's or another release's.
     pods = re.compile(labels["pod"])
     assert pods.fullmatch(f"{FULLNAME}-7c9d8f6b5d-x2x7q")
@@ -115,6 +115,16 @@ def test_keda_without_what_it_needs_fails_at_install(
         values["autoscaling"][key] |= part
     with pytest.raises(helm.HelmRenderError, match=complaint):
         render(chart, values)
+
+
+def test_scaling_on_an_accelerator_pool_the_pods_lack_fails_at_install(chart: Any, helm: Any) -> None:
+    values = values_file("production-values.yaml")
+    values["autoscaling"]["queueOccupancy"]["pool"] = "accelerator"
+    with pytest.raises(helm.HelmRenderError, match="no accelerator pool"):
+        render(chart, values)
+    # An explicit plan may put a CPU engine in the accelerator pool: that one is left alone.
+    values["config"] = {"cpu_layout": "explicit", "plan": [{"pool": "accelerator", "device": "cpu", "cores": [0]}]}
+    assert trigger(render(chart, values))["metadata"]["query"].count('pool="accelerator"') == 2
 
 
 def test_target_must_be_a_quantity(chart: Any, helm: Any) -> None:

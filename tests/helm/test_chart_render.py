@@ -218,6 +218,17 @@ def test_accelerator_resource_name_is_a_value(chart: Any) -> None:
     assert limits == {"memory": "4Gi", "huawei.com/Ascend310P": 2}
 
 
+@pytest.mark.parametrize(
+    ("values", "image"),
+    [({}, "windve:0.1.0"), ({"accelerator": {"type": "gpu"}}, "windve:0.1.0-cuda"),
+     ({"accelerator": {"type": "gpu"}, "image": {"tag": "mine"}}, "windve:mine"),
+     ({"accelerator": {"type": "npu"}}, "windve:0.1.0")],
+)  # fmt: skip
+def test_a_gpu_release_without_a_tag_takes_the_cuda_build(chart: Any, values: dict[str, Any], image: str) -> None:
+    # The CPU build's torch sees no GPU: the pod would hold one and serve on its CPUs.
+    assert container(render(chart, values).server())["image"] == image
+
+
 def test_cpu_only_default_requests_no_accelerator(releases: dict[str, Release]) -> None:
     limits = container(releases["default"].server())["resources"]["limits"]
     assert set(limits) == {"memory"}

@@ -54,8 +54,13 @@ app.kubernetes.io/managed-by: {{ .ctx.Release.Service }}
 app.kubernetes.io/part-of: windve
 {{- end }}
 
+{{- /* Without a tag, a GPU release takes the CUDA build (Dockerfile VARIANT=cuda, tagged
+<version>-cuda): the CPU build's torch finds no GPU, and the pod would hold one and serve on
+its CPUs. */}}
 {{- define "windve.image" -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- $tag := .Chart.AppVersion }}
+{{- if eq .Values.accelerator.type "gpu" }}{{ $tag = printf "%s-cuda" .Chart.AppVersion }}{{ end }}
+{{- printf "%s:%s" .Values.image.repository (default $tag .Values.image.tag) }}
 {{- end }}
 
 {{/* Redis: the URL source, or "" when the release has no Redis. Fails on ambiguity. */}}

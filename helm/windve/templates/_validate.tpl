@@ -19,6 +19,9 @@ from the ConfigMap, which every release renders. */}}
 {{- if and .Values.httpRoute.enabled (not .Values.httpRoute.parentRefs) }}
 {{- fail "httpRoute.enabled needs httpRoute.parentRefs, the Gateway (and listener) the route attaches to" }}
 {{- end }}
+{{- if and .Values.autoscaling.enabled (eq (toString .Values.autoscaling.queueOccupancy.pool) "accelerator") (eq .Values.accelerator.type "none") (ne (toString .Values.config.cpu_layout) "explicit") }}
+{{- fail "autoscaling.queueOccupancy.pool=accelerator, but accelerator.type=none gives the pods no accelerator pool: its occupancy would read as nothing and never scale. Leave pool empty (both pools) or use cpu" }}
+{{- end }}
 {{- if and .Values.autoscaling.enabled .Values.autoscaling.keda.enabled }}
 {{- if not .Values.autoscaling.queueOccupancy.enabled }}
 {{- fail "autoscaling.keda scales on queue occupancy: set autoscaling.queueOccupancy.enabled=true, or use the HPA's CPU fallback (autoscaling.keda.enabled=false)" }}
