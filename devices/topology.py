@@ -29,6 +29,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
+from devices.cpu_quota import cpu_quota
 from devices.cpulist import format_cpulist, parse_cpulist
 from devices.errors import DeviceError
 
@@ -154,7 +155,8 @@ def read_topology(
 ) -> CpuTopology:
     """Read the topology under `sysfs_root`.
 
-    `allowed_cpus` defaults to `os.sched_getaffinity(0)` so container CPU limits hold;
+    `allowed_cpus` defaults to `os.sched_getaffinity(0)`, a container's CPU set (its CPU quota,
+a Kubernetes CPU limit, is noted where it is below that set: cpu_quota.py);
     "all" allows every online CPU of the tree (previewing another machine's tree).
     `arch` defaults to `platform.machine()` (tests pass e.g. "aarch64").
     Raises DeviceError naming the file when a file is malformed or a required one is missing,
@@ -184,6 +186,15 @@ def read_topology(
             f"none of the allowed CPUs ({format_cpulist(allowed) or 'none'}) is online in "
             f"{reader.path('devices/system/cpu/online')} ({format_cpulist(online)})"
         )
+    if allowed_cpus is None:  # this process's own CPUs: its cgroup's quota applies to them
+        quota = cpu_quota(root / "fs/cgroup")
+        if quota is not None and quota < len(usable):
+            notes.append(
+                f"this process may use {quota:g} CPUs' time (its cgroup's CPU quota, a container's CPU limit) "
+                f"but {len(usable)} CPUs: threads planned over all of them are throttled. Give the pod integer "
+                "CPUs with requests == limits where the kubelet runs the static CPU manager (exclusive cores), "
+                "or plan within the quota (cpu_layout: explicit)"
+            )
 
     nodes = tuple(
         NumaNode(

@@ -85,6 +85,8 @@ class Runtime:
         hardware = devices.detect_hardware(settings.sysfs_root, allowed_cpus=allowed_cpus)
         plan = make_plan(settings, hardware)
         log.info("device plan:\n%s", devices.render_plan(plan, hardware.topology.is_arm))
+        for note in hardware.topology.notes:  # what the plan leaves out or cannot trust, a CPU quota among them
+            log.warning("CPU topology: %s", note)
         instances = {
             pool.name: [build_instance(settings, spec, hardware, inst) for inst in pool.instances]
             for pool in plan.pools
