@@ -80,6 +80,15 @@ def test_every_pod_runs_non_root_on_a_read_only_root(releases: dict[str, Release
             assert context["capabilities"]["drop"] == ["ALL"], cont["name"]
 
 
+def test_the_serving_containers_added_capabilities_are_not_redis(chart: Any) -> None:
+    # SYS_NICE lets the CPU workers bind memory to their NUMA node (docs/deploy.md); Redis has no use for it.
+    context = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+               "capabilities": {"drop": ["ALL"], "add": ["SYS_NICE"]}}  # fmt: skip
+    release = render(chart, {"securityContext": context})
+    assert container(release.server())["securityContext"]["capabilities"]["add"] == ["SYS_NICE"]
+    assert "add" not in container(release.get("Deployment", REDIS))["securityContext"]["capabilities"]
+
+
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_every_path_windve_writes_is_a_writable_volume(releases: dict[str, Release], scenario: str) -> None:
     """The root filesystem is read-only: caches, /tmp and /dev/shm must be emptyDirs."""
