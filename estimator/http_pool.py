@@ -116,6 +116,10 @@ class HttpSubmit:
         self.pool = pool
         self.text_of = text_of
         self.headers = headers
+        # Texts differ within a run, not across runs (a calibration's texts come from a fixed seed):
+        # a second run against the same server was answered from its embedding cache, and set a
+        # depth from cache hits. The model computes every query, and the cache keeps none of them.
+        self._embed_headers = {**(headers or {}), "Cache-Control": "no-cache, no-store"}
         self._greeting = pool.target.request("GET", "/health", headers=headers)
 
     async def prepare(self, concurrency: int) -> None:
@@ -125,7 +129,8 @@ class HttpSubmit:
     async def __call__(self, sequences: Sequence[np.ndarray]) -> bytes:
         texts = [self.text_of(sequence) for sequence in sequences]
         body = json.dumps({"inputs": texts[0] if len(texts) == 1 else texts}).encode()
-        status, answer = await self.pool.exchange(self.pool.target.request("POST", "/embed", body, self.headers))
+        request = self.pool.target.request("POST", "/embed", body, self._embed_headers)
+        status, answer = await self.pool.exchange(request)
         if status == 429:
             raise ServerRefused("HTTP 429: the server is busy (its queues are full)")
         if status >= 400:

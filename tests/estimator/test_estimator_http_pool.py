@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
+import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
@@ -238,3 +239,36 @@ def test_a_server_that_never_answers_info_gives_no_info_in_time() -> None:
 
     info, opened = asyncio.run(body())
     assert info == {} and opened == 1
+
+
+
+def test_profile_queries_ask_the_model_not_the_cache() -> None:
+    """A calibration's texts come from a fixed seed: run again against the same server, they were
+    answered from its embedding cache, and the depth was set from cache hits. Each POST says
+    `Cache-Control: no-cache, no-store` (the service computes it afresh and keeps nothing of it;
+    tests/redis/test_cache_http.py has the service's side)."""
+    heads: list[bytes] = []
+
+    async def body() -> None:
+        async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            while head := await reader.readuntil(b"\r\n\r\n"):
+                heads.append(head)
+                length = int(next((line.split(b":")[1] for line in head.split(b"\r\n")
+                                   if line.lower().startswith(b"content-length:")), b"0"))  # fmt: skip
+                await reader.readexactly(length)
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n[]")
+                await writer.drain()
+
+        listener = await asyncio.start_server(answer, "127.0.0.1", 0)
+        port = listener.sockets[0].getsockname()[1]
+        connections = ConnectionPool(Target.from_url(f"http://127.0.0.1:{port}"))
+        try:
+            submit = HttpSubmit(connections, lambda ids: "a text", headers={"Authorization": "Bearer k"})
+            await submit([np.array([1, 2, 3])])
+        finally:
+            connections.close()
+            listener.close()
+
+    asyncio.run(body())
+    (post,) = [head for head in heads if head.startswith(b"POST /embed ")]
+    assert b"\r\nCache-Control: no-cache, no-store\r\n" in post and b"\r\nAuthorization: Bearer k\r\n" in post
