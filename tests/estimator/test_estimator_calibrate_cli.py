@@ -7,11 +7,16 @@ import json
 import os
 import re
 import resource
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
+import httpx
 import matplotlib.image
+import psutil
 import pytest
 import redis
 
@@ -264,6 +269,41 @@ def test_by_default_a_server_is_started_for_each_pool_profiled_over_http_and_sto
     hardware = devices.detect_hardware(settings.sysfs_root)
     assert calibration.hardware_fingerprint == hardware_fingerprint(hardware, make_plan(settings, hardware))
     assert collector_when_measuring == [YOUNG_THRESHOLD]
+
+
+def test_sigterm_stops_the_server_it_started(monkeypatch, tmp_path: Path, capsys) -> None:
+    """A Job's pod deleted, a `kill`: the `windve serve` started for a pool goes too, not left
+    running without its parent."""
+
+    def command(port: int) -> list[str]:  # slow queries: the profile is still running at the SIGTERM
+        return [sys.executable, str(SIM_SERVER), "--port", str(port), "--per-query", "0.5"]
+
+    monkeypatch.setattr(calibrate, "serve_command", command)
+    servers: list[psutil.Process] = []
+
+    def terminate_once_serving() -> None:
+        deadline = time.monotonic() + 120
+        while not servers and time.monotonic() < deadline:  # polls, with a deadline, for the server ...
+            servers.extend(c for c in psutil.Process().children() if str(SIM_SERVER) in " ".join(c.cmdline()))
+            time.sleep(0.05)
+        port = servers[0].cmdline()[servers[0].cmdline().index("--port") + 1] if servers else "0"
+        while time.monotonic() < deadline:  # ... and for it to serve: calibrate is profiling then
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)  # calibrate's loop takes it from here (or the test dies)
+
+    killer = threading.Thread(target=terminate_once_serving, daemon=True)
+    killer.start()
+    code = run_cli("--slo", "5", "--pools", "cpu", "--out", str(tmp_path / "c.json"))
+    killer.join()
+    err = capsys.readouterr().err
+    assert code == 128 + signal.SIGTERM and "stopped by SIGTERM" in err, (code, err)
+    (server,) = servers
+    assert not server.is_running()  # stopped, and waited for, before calibrate ended
+    assert not (tmp_path / "c.json").exists()
 
 
 def test_the_cpu_layout_is_chosen_over_http_too(served_by_sim_server: list[Path], tmp_path: Path, capsys) -> None:

@@ -25,9 +25,10 @@ import json
 import logging
 import math
 import os
+import signal
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -241,7 +242,10 @@ def run(args: argparse.Namespace) -> int:
         return _fail(error, 2)
     bar = _ProgressBar()
     try:
-        calibration = asyncio.run(_calibrate(args, settings, spec, options, bar.hook))
+        calibration = asyncio.run(_until_terminated(_calibrate(args, settings, spec, options, bar.hook)))
+    except asyncio.CancelledError:
+        print(f"{PROG}: stopped by SIGTERM; the services it started are stopped", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except UsageError as error:
         return _fail(error, 2)
     except (RuntimeError, OSError, ValueError) as error:  # CalibrationRunError, ServerStartError, DeviceError, ...
@@ -249,6 +253,14 @@ def run(args: argparse.Namespace) -> int:
     finally:
         bar.close()
     return _write_outputs(args, calibration, args.redis_url or settings.redis_url)
+
+
+async def _until_terminated(work: Awaitable[Calibration]) -> Calibration:
+    """`work`, cancelled by SIGTERM as Ctrl-C cancels it: the `windve serve` it started for a pool
+    is stopped on the way out, not left running without its parent (a Job's pod deleted, a
+    `kill`)."""
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)
+    return await work
 
 
 def _fail(error: Exception, code: int) -> int:
