@@ -180,6 +180,9 @@ class Runtime:
         """Take depths from `calibration`; live when the pools already run (no restart)."""
         for warning in fingerprint_mismatch(calibration, self.spec.revision, self.hardware_fingerprint):
             log.warning("%s: %s", origin, warning)
+        if missing := [name for name in self.instances if name not in calibration.pools]:
+            log.warning("%s %s: those pools keep the probe's or the setting's depth", origin,
+                        _pools_missing(calibration, missing))  # fmt: skip
         self.calibration, self.calibration_origin = calibration, origin
         if not self.ready:
             return  # the depths are still being set: _settle_depths takes it
@@ -330,9 +333,28 @@ class Runtime:
 
 
 def check_plan(settings: Settings) -> devices.Plan:
-    """Fail fast, before the server starts, on a missing model or an impossible plan."""
+    """Fail fast, before the server starts, on a missing model, an impossible plan, or a
+    calibration file that cannot be read or has a depth for none of the plan's pools."""
     load_spec(settings)
-    return make_plan(settings, devices.detect_hardware(settings.sysfs_root))
+    plan = make_plan(settings, devices.detect_hardware(settings.sysfs_root))
+    if settings.calibration_file is not None:
+        try:
+            calibration = load_calibration(settings.calibration_file)
+        except CalibrationError as error:
+            raise CalibrationError(f"setting calibration_file: {error}") from None
+        pools = [pool.name for pool in plan.pools]
+        if not set(pools) & set(calibration.pools):
+            missing = _pools_missing(calibration, pools)
+            raise CalibrationError(f"setting calibration_file: {settings.calibration_file} {missing}")
+    return plan
+
+
+def _pools_missing(calibration: Calibration, pools: Sequence[str]) -> str:
+    """What a calibration lacks for `pools`, and what to do about a whole server's profile."""
+    said = f"has depths for {', '.join(calibration.pools) or 'no pool'}, not for {', '.join(pools)}"
+    if "server" in calibration.pools:  # windve calibrate --url: one depth for a whole server
+        said += " (`windve calibrate --url` profiles a whole server: set its depth with cpu_depth or accelerator_depth)"
+    return said
 
 
 def make_plan(settings: Settings, hardware: devices.Hardware) -> devices.Plan:

@@ -13,7 +13,7 @@ import pytest
 from estimator.calibration import Calibration, ModelIdentity, PoolCalibration, SloDepth, save_calibration, to_dict
 from estimator.fit import LengthFit, LinearFit
 from estimator.rounds import LevelSample
-from tests.servers import start_server
+from tests.servers import free_port, start_server
 
 # t = C*(1e-4*L + 2e-7*L^2 + 1e-3) + 0.05: each query is charged L + 0.002*L^2 + 10 tokens.
 LENGTH_FIT = LengthFit(1e-4, 1e-3, 0.05, r2=0.99, points=9, min_length=16, max_length=256, per_token_squared=2e-7)
@@ -104,3 +104,21 @@ def test_published_calibration_applies_live(redis_server, tmp_path, model_spec):
         assert cpu_pool(server.url)["depth"] == 123
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("case", ["a whole server's profile", "not a calibration"])
+def test_a_calibration_file_that_cannot_serve_stops_the_start_naming_the_setting(tmp_path, model_spec, case):
+    if case == "not a calibration":
+        path = tmp_path / "c.json"
+        path.write_text("{not json")
+        expected = "setting calibration_file: calibration file"
+    else:  # what `windve calibrate --url` writes: one pool named "server"
+        whole = calibration(model_spec.revision, "x", 40, "2026-01-01T00:00:00+00:00")
+        whole = replace(whole, pools={"server": whole.pools["cpu"]})
+        path = save_calibration(whole, tmp_path / "c.json")
+        expected = "has depths for server, not for cpu (`windve calibrate --url` profiles a whole server"
+    result = subprocess.run(
+        [sys.executable, "-m", "windve.commands.serve", "--port", str(free_port()), "--calibration-file", str(path)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2 and expected in result.stderr, result.stderr
