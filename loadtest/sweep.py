@@ -52,6 +52,7 @@ from loadtest.sweep_options import add_sweep_arguments
 from loadtest.workload import Workload
 
 POLL_SECONDS = 0.1  # how often a step checks its request bound; its time bound is exact
+ERRORS_SHOWN = 3  # distinct error messages printed per step (all of them are in --json-out)
 
 
 class ServerNotReady(RuntimeError):
@@ -215,7 +216,7 @@ def run_from_args(args: argparse.Namespace) -> int:
             args.max_requests_per_step,
             busy_disqualifies=not args.busy_passes,
             continue_after_fail=args.continue_after_fail,
-            on_step=lambda step: print(table_row(step), flush=True),
+            on_step=_report_step,
             # stderr: stdout stays the table, which can be piped or saved as it is.
             on_progress=lambda line: print(line, file=sys.stderr, flush=True),
             progress_seconds=args.progress_seconds,
@@ -232,6 +233,14 @@ def run_from_args(args: argparse.Namespace) -> int:
         plot_sweep(result, plot)
         print(f"wrote {plot}", flush=True)
     return 0 if result.best is not None else 1
+
+
+def _report_step(step: StepResult) -> None:
+    """The step's table row, and on stderr what its errors said: a row that reads "2993 errors"
+    says nothing of a missing API key or an input over the model's limit."""
+    print(table_row(step), flush=True)
+    for sample in step.summary.error_samples[:ERRORS_SHOWN]:
+        print(f"  users {step.users}: error: {sample}", file=sys.stderr, flush=True)
 
 
 def plot_path(args: argparse.Namespace) -> Path | None:

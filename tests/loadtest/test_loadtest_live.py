@@ -148,6 +148,17 @@ def test_busy_answers_are_counted_apart_from_errors(loadtest_server: ServerProce
     assert not json_out.with_suffix(".png").exists()
 
 
+def test_a_step_that_fails_on_errors_says_what_they_were(loadtest_server: ServerProcess, tmp_path: Path) -> None:
+    # 1,000-token queries, sent with truncate: false: the model (256 tokens) refuses every one
+    completed = sweep(
+        ["-m", "windve.cli", "loadtest"], loadtest_server.url, tmp_path / "errors.json",
+        "--users", "1", "--step-seconds", "1", "--warmup-seconds", "0", "--slo", "5", "--query-tokens", "1000",
+    )  # fmt: skip
+    assert completed.returncode == 1 and "errors" in completed.stdout
+    (said,) = [line for line in completed.stderr.splitlines() if line.startswith("  users 1: error: ")]
+    assert "HTTP 422" in said and "limit" in said, completed.stderr
+
+
 def test_sweep_refuses_to_start_without_a_ready_server(tmp_path: Path) -> None:
     closed = f"http://127.0.0.1:{free_port()}"
     completed = sweep(["-m", "loadtest.sweep"], closed, tmp_path / "none.json", "--wait-ready", "0.5", timeout=60)
