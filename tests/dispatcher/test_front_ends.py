@@ -14,6 +14,8 @@ import os
 import re
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -339,6 +341,33 @@ def test_sigterm_drains_every_process(tmp_path):
     while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
         time.sleep(0.05)  # children are reaped by now or very soon; bounded poll
     assert not [pid for pid in children if _alive(pid)]
+
+
+def test_front_ends_end_with_a_dispatcher_killed_and_free_the_port(tmp_path):
+    """SIGKILL leaves the dispatcher no time to stop them: the kernel tells each front end, and the
+    port is free for the next `windve serve`, not held by front ends answering 503 for ever."""
+    server = _two_front_ends(tmp_path)
+    children = _info(server)["dispatcher"]["front_ends"] + engine_pids(server.url)
+    server.process.send_signal(signal.SIGKILL)
+    server.process.wait(30)
+    deadline = time.monotonic() + 60
+    while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
+        time.sleep(0.1)  # bounded poll for the orphans' exits
+    assert not [pid for pid in children if _alive(pid)], server.log()
+    socket.create_server(("127.0.0.1", server.port)).close()  # a plain bind: nothing listens there now
+
+
+def test_a_port_in_use_is_a_message_and_exit_3_not_a_traceback(tmp_path):
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "windve.commands.serve", "--host", "127.0.0.1", "--port", str(port),
+             "--http-workers", "2"],
+            capture_output=True, text=True, timeout=120, env=os.environ | {"TMPDIR": str(tmp_path)},
+        )  # fmt: skip
+    assert result.returncode == 3, result.stderr
+    assert f"windve serve: cannot listen on 127.0.0.1:{port}: " in result.stderr and "Traceback" not in result.stderr
+    assert not list(tmp_path.glob("windve-*"))  # no work folder left behind
 
 
 def test_a_connection_made_while_draining_is_answered_not_left_to_be_reset(tmp_path):

@@ -42,6 +42,7 @@ log = logging.getLogger("windve.dispatcher")
 RESTART_BACKOFF = (0.5, 1.0, 2.0, 5.0)
 FRONT_ENDS_START_SECONDS = 60.0  # the warm-up probe waits this long at most for every front end to serve
 WATCH_SECONDS = 0.25  # how often the keeper of a front end looks at its heartbeat
+STARTUP_FAILURE = 3  # the exit status uvicorn gives a single-process serve that cannot listen
 
 
 def front_ends_niceness(setting: int | None, own_cores: bool) -> int:
@@ -73,8 +74,12 @@ class Supervisor:
         return asyncio.run(self._main())
 
     async def _main(self) -> int:
+        try:
+            listeners = open_listeners(self.settings.host, self.settings.port, self.workers)
+        except OSError as error:  # the port in use, a host that is not this machine's: as uvicorn says it
+            print(f"windve serve: cannot listen on {self.settings.host}:{self.settings.port}: {error}", file=sys.stderr)
+            return STARTUP_FAILURE
         workdir = Path(tempfile.mkdtemp(prefix="windve-"))
-        listeners = open_listeners(self.settings.host, self.settings.port, self.workers)
         # The engines are planned over the CPUs this process had before it moved onto the service
         # cores: planned after the move, every engine would be squeezed onto those few cores.
         allowed_cpus = frozenset(os.sched_getaffinity(0))
@@ -187,6 +192,7 @@ class Supervisor:
                     "--board", str(workdir / "board"),
                     "--drain-seconds", str(self.drain_seconds),
                     "--heartbeat-fd", str(heartbeat.fd),
+                    "--parent", str(os.getpid()),
                     pass_fds=(listener.fileno(), heartbeat.fd),
                     env=os.environ | {"PROMETHEUS_MULTIPROC_DIR": str(workdir / "metrics")},
                 )

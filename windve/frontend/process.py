@@ -3,7 +3,7 @@ opened for it (one per front end, all on the service's port with SO_REUSEPORT), 
 parent's dispatcher.
 
 Started by the parent as `python -m windve.frontend.process --fd N --settings FILE
---dispatcher ADDRESS --board FILE [--heartbeat-fd M]`; the parent's environment sets
+--dispatcher ADDRESS --board FILE [--heartbeat-fd M] [--parent PID]`; the parent's environment sets
 PROMETHEUS_MULTIPROC_DIR, so that /metrics adds up every front end's counters. The event loop
 stamps the heartbeat board M (windve.heartbeat) while it turns: the parent kills a front end
 that serves and falls silent, and starts another.
@@ -12,8 +12,11 @@ that serves and falls silent, and starts another.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import logging
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -22,6 +25,8 @@ import uvicorn
 from windve.settings import Settings
 
 log = logging.getLogger("windve.frontend")
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def uvicorn_config(app, settings: Settings, drain_seconds: int, **where) -> uvicorn.Config:
@@ -57,7 +62,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--board", type=Path, required=True)
     parser.add_argument("--drain-seconds", type=int, default=30)
     parser.add_argument("--heartbeat-fd", type=int, default=None)
+    parser.add_argument("--parent", type=int, default=None, help="the dispatcher's pid: this process ends with it")
     args = parser.parse_args(argv)
+    if args.parent is not None and not _ends_with_parent(args.parent):
+        return 1
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = Settings(**json.loads(args.settings.read_text()))
     logging.getLogger().setLevel(settings.log_level.upper())
@@ -75,6 +83,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     FrontEndServer(uvicorn_config(app, settings, args.drain_seconds, fd=args.fd)).run()
     return 1 if fatal else 0
+
+
+def _ends_with_parent(parent: int) -> bool:
+    """Have the kernel SIGTERM this process when the dispatcher that started it dies, SIGKILLed
+    included: nothing else would stop it, and it would answer 503 on the service's port for ever,
+    so that a new `windve serve` could not listen there. False when the parent is already gone.
+    (The parent starts front ends from its event loop's thread, which lives as long as it does:
+    the signal follows the thread that forked.)"""
+    if sys.platform == "linux":
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    return os.getppid() == parent
 
 
 if __name__ == "__main__":
