@@ -117,6 +117,17 @@ class Settings(BaseSettings):
             return sorted(parse_cpulist(value))
         return value
 
+    @field_validator("redis_url", mode="before")
+    @classmethod
+    def _redis_scheme(cls, value: Any) -> Any:
+        # Checked here, not where the cache first connects: a start that fails there had already
+        # loaded the engines, and its message named no setting.
+        if value == "":
+            return None
+        if isinstance(value, str) and not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("a Redis URL starts with redis://, rediss:// (TLS) or unix://")
+        return value
+
     @model_validator(mode="after")
     def _one_default_prompt(self) -> Settings:
         if self.default_prompt_name is not None and self.default_prompt is not None:

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from windve.model import ModelError, load_model_spec
-from windve.settings import SettingsError, load_settings
+from windve.settings import Settings, SettingsError, load_settings
 
 
 @pytest.fixture(autouse=True)
@@ -44,6 +44,7 @@ def test_sources_priority(monkeypatch, tmp_path):
         ({"WINDVE_SLO_SECONDS": "-1"}, "slo_seconds"),
         ({"WINDVE_MAX_BATCH_SIZE": "many"}, "max_batch_size"),
         ({"WINDVE_RESERVED_CORES": "3-1"}, "reserved_cores"),
+        ({"WINDVE_REDIS_URL": "notaurl"}, "redis_url"),
         ({"WINDVE_NOT_A_SETTING": "1"}, None),
     ],
 )
@@ -73,13 +74,23 @@ def test_config_file_errors(tmp_path):
         load_settings(config_file=broken)
 
 
-def test_serve_rejects_bad_settings_at_start(tmp_path):
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [(["--port", "0x"], "port"), (["--redis-url", "localhost:6379"], "redis_url"),
+     (["--default-prompt-name", "nope"], "setting default_prompt_name: prompt_name 'nope' is not one of")],
+)  # fmt: skip
+def test_serve_rejects_bad_settings_at_start(tmp_path, flags, named):
+    # Before the engines load: no "Uvicorn running" after a failure, and the setting named.
     result = subprocess.run(
-        [sys.executable, "-m", "windve.commands.serve", "--port", "0x"],
+        [sys.executable, "-m", "windve.commands.serve", *flags],
         capture_output=True, text=True, timeout=120, cwd=tmp_path,
     )
     assert result.returncode == 2
-    assert "port" in result.stderr and "Traceback" not in result.stderr
+    assert named in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+def test_an_empty_redis_url_is_none():
+    assert Settings(redis_url="").redis_url is None and Settings(redis_url="rediss://h:6380/0").redis_url
 
 
 def test_bundled_model_spec(model_spec):
