@@ -63,6 +63,7 @@ class Runtime:
         self.depths: dict[str, DepthSource] = {}
         self.calibration: Calibration | None = None
         self.calibration_origin: str | None = None
+        self.calibration_warnings: list[str] = []  # why its depths may not hold here (/info)
         self.watcher = None  # windve.calibration_store.CalibrationWatcher when Redis is set
         self.started_at = time.time()
         self.accepting = False  # the queue manager admits queries (at provisional depths while warming up)
@@ -178,12 +179,13 @@ class Runtime:
 
     def apply_calibration(self, calibration: Calibration, origin: str) -> None:
         """Take depths from `calibration`; live when the pools already run (no restart)."""
-        for warning in fingerprint_mismatch(calibration, self.spec.revision, self.hardware_fingerprint):
-            log.warning("%s: %s", origin, warning)
+        warnings = fingerprint_mismatch(calibration, self.spec.revision, self.hardware_fingerprint)
         if missing := [name for name in self.instances if name not in calibration.pools]:
-            log.warning("%s %s: those pools keep the probe's or the setting's depth", origin,
-                        _pools_missing(calibration, missing))  # fmt: skip
-        self.calibration, self.calibration_origin = calibration, origin
+            lacks = _pools_missing(calibration, missing)
+            warnings.append(f"it {lacks}: those pools keep the probe's or the setting's depth")
+        for warning in warnings:
+            log.warning("%s: %s", origin, warning)
+        self.calibration, self.calibration_origin, self.calibration_warnings = calibration, origin, warnings
         if not self.ready:
             return  # the depths are still being set: _settle_depths takes it
         for name in self.instances:
@@ -322,6 +324,7 @@ class Runtime:
                 "created": self.calibration.created,
                 "slos": list(self.calibration.slos),
                 "hardware_fingerprint": self.calibration.hardware_fingerprint,
+                "warnings": self.calibration_warnings,
             },
             "heterogeneous": qm.get("heterogeneous"),
             "draining": qm.get("draining"),

@@ -57,6 +57,8 @@ def test_serve_uses_the_calibration_file_and_warns_on_another_machine(tmp_path, 
         text = "word " * 400  # truncated to the model's 256 tokens: charged 256 + 132 + 10
         assert httpx.post(server.url + "/embed", json={"inputs": [text] * 3}).status_code == 200
         assert "another-machine" in server.log() and "re-run `windve calibrate`" in server.log()
+        (warning,) = httpx.get(server.url + "/info").json()["calibration"]["warnings"]  # and /info says so
+        assert "'another-machine'" in warning
     finally:
         server.stop()
 
