@@ -361,12 +361,13 @@ def _pools_missing(calibration: Calibration, pools: Sequence[str]) -> str:
 
 
 def make_plan(settings: Settings, hardware: devices.Hardware) -> devices.Plan:
-    explicit = [inst.model_dump() for inst in settings.plan] if settings.plan else None
+    # `plan: []` is an explicit plan too, and refused as empty, not read as no plan at all.
+    explicit = None if settings.plan is None else [inst.model_dump() for inst in settings.plan]
     return devices.make_plan(
         hardware,
         device=settings.device,
         heterogeneous=settings.heterogeneous,
-        cpu_layout="explicit" if explicit else settings.cpu_layout,
+        cpu_layout="explicit" if explicit is not None else settings.cpu_layout,
         reserved_cores=settings.reserved_cores,
         explicit=explicit,
         engine=settings.engine,

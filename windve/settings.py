@@ -190,6 +190,9 @@ def describe_validation_error(exc: ValidationError) -> str:
         name = ".".join(str(part) for part in error["loc"]) or "settings"
         value = error.get("input")
         shown = f" (got {value!r})" if not isinstance(value, dict) and value is not None else ""
+        if error["type"] == "extra_forbidden":  # only a file (or a caller) names a setting there is none of
+            lines.append(f"unknown setting {name}: no such setting (`windve serve --help` lists them)")
+            continue
         env = f"WINDVE_{str(error['loc'][0]).upper()}" if error["loc"] else "WINDVE_"
         lines.append(f"invalid setting {name} (env {env}): {error['msg']}{shown}")
     return "\n".join(lines)

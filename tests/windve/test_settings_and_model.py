@@ -61,8 +61,9 @@ def test_invalid_settings_name_the_setting(monkeypatch, env, name):
 def test_unknown_key_in_config_file_is_named(tmp_path):
     config = tmp_path / "bad.yaml"
     config.write_text("slo_secs: 1\n")
-    with pytest.raises(SettingsError, match="slo_secs"):
+    with pytest.raises(SettingsError, match="unknown setting slo_secs: no such setting") as raised:
         load_settings(config_file=config)
+    assert "WINDVE_SLO_SECS" not in str(raised.value)  # no such variable to point at
 
 
 def test_config_file_errors(tmp_path):
@@ -142,3 +143,13 @@ def test_remote_code_needs_consent(model_spec, tmp_path):
 def test_unknown_model_id_is_a_clear_error():
     with pytest.raises(ModelError, match="never downloads"):
         load_model_spec("nobody/no-such-model-xyz")
+
+
+def test_an_empty_plan_in_the_config_file_is_refused_not_ignored(tmp_path):
+    config = tmp_path / "plan.yaml"
+    config.write_text("plan: []\n")  # without cpu_layout: explicit, it had been read as no plan
+    result = subprocess.run(
+        [sys.executable, "-m", "windve.commands.serve", "--config", str(config)],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 2 and "needs a non-empty `plan:` list" in result.stderr, result.stderr
