@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from tests.servers import start_server
-from windve.frontend.pipeline import default_prompt
 from windve.model import ModelError, load_model_spec
+from windve.prompts import default_prompt
 from windve.settings import Settings
 
 PROMPTS = {"query": "query: ", "passage": "passage: "}

@@ -77,7 +77,7 @@ def front_end_processes(settings, plan) -> tuple[int, tuple[int, ...]]:
 def _check_default_prompt(settings: Settings) -> None:
     """The prompt setting names one of the model's prompts, or the start stops here, before the
     engines load (ValueError naming the setting)."""
-    from windve.frontend.pipeline import default_prompt
+    from windve.prompts import default_prompt
     from windve.service import load_spec
 
     try:

@@ -19,8 +19,7 @@ from windve.cache import EmbeddingCache, cache_keys
 from windve.frontend import metrics
 from windve.frontend.context import FrontEnd
 from windve.frontend.errors import BACKEND, OVERLOADED, TOO_LARGE, UNHEALTHY, VALIDATION, ApiError
-from windve.model import ModelSpec
-from windve.settings import Settings
+from windve.prompts import default_prompt, prompt_text
 from windve.tokenizer import InputTooLong
 
 INLINE_TOKENIZE_CHARS = 16_384  # below this many characters a request is tokenized on the loop
@@ -175,33 +174,6 @@ class EmbeddingPipeline:
             raise refusal(exc) from None
         except QueryFailed as exc:
             raise ApiError(503, f"inference failed: {exc}", BACKEND, retry_after=1) from None
-
-
-def default_prompt(spec: ModelSpec, settings: Settings) -> str:
-    """The prompt for requests that name none: the setting's text or name, else the model's default.
-    ValueError (the service does not start) where `prompt_text` refuses it."""
-    if settings.default_prompt is not None:
-        return poolable(spec, settings.default_prompt)
-    name = settings.default_prompt_name or spec.default_prompt_name
-    return "" if name is None else prompt_text(spec, name)
-
-
-def prompt_text(spec: ModelSpec, name: str) -> str:
-    """The model's prompt `name`; ValueError for a name it does not have."""
-    try:
-        return poolable(spec, spec.prompt(name))
-    except KeyError:
-        names = ", ".join(known for known, _ in spec.prompts) or "none"
-        raise ValueError(f"prompt_name {name!r} is not one of model {spec.name}'s prompts ({names})") from None
-
-
-def poolable(spec: ModelSpec, prompt: str) -> str:
-    """`prompt`, unless the model pools without its prompt's tokens (include_prompt: false), which
-    the engines do not do: then ValueError rather than vectors unlike sentence-transformers'."""
-    if prompt and not spec.include_prompt:
-        raise ValueError(f"model {spec.name} pools without its prompt (include_prompt: false), which this service "
-                         "does not do")
-    return prompt
 
 
 class CacheUse(NamedTuple):
