@@ -188,9 +188,7 @@ def decide_profile_depth(
     if decision.depth is None:
         return decision
     target = slo * (1 - headroom)
-    # A level whose requests failed (refused: the server holds fewer) missed, with an endless tail:
-    # left out, a line through the shallower levels wrote a depth past it, up to the cap.
-    usable = list(samples)
+    usable = finite_samples(samples)
     met, missed = measured_bracket(usable, target)
     short = decision.depth < met <= cap
     past = missed is not None and missed > 1 and decision.depth >= missed

@@ -229,9 +229,6 @@ def test_server_answering_busy_is_profiled_up_to_its_limit(sim_server_factory, t
     assert "p99 inf s > 0.85 s at C=16" in out_text and "2 rounds per level" in out_text
     assert re.search(r"server: \d+ of 32 requests at C=16 failed \(ServerRefused: HTTP 429", out_text)
     assert "give it deeper queues and static depth control (e.g. WINDVE_CPU_DEPTH=100000" in out_text
-    # The level refused bounds the depth: under 16, not the line's crossing capped at 16.
-    depth = load_calibration(out).pools["server"].at(1.0).estimate
-    assert depth is not None and 4 <= depth < 16
 
 
 @pytest.fixture
