@@ -156,7 +156,7 @@ def read_topology(
     """Read the topology under `sysfs_root`.
 
     `allowed_cpus` defaults to `os.sched_getaffinity(0)`, a container's CPU set (its CPU quota,
-a Kubernetes CPU limit, is noted where it is below that set: cpu_quota.py);
+    a Kubernetes CPU limit, is noted where it is below that set: cpu_quota.py);
     "all" allows every online CPU of the tree (previewing another machine's tree).
     `arch` defaults to `platform.machine()` (tests pass e.g. "aarch64").
     Raises DeviceError naming the file when a file is malformed or a required one is missing,

@@ -1,8 +1,8 @@
 """The prompt put in front of inputs: sentence-transformers' prompts, as the settings choose them.
 
 Apart from the request pipeline so that `windve serve` can check the setting before the engines
-load without importing the front end's metrics into the dispatcher's process: there, a metric
-family the dispatcher reports hides the front ends' (frontend/exposition.py).
+load (service.check_plan) without importing the front end's metrics into the dispatcher's
+process: there, a metric family the dispatcher reports hides the front ends' (frontend/exposition.py).
 """
 
 from __future__ import annotations

@@ -33,6 +33,7 @@ from windve.depths import PROBE_TOKENS, DepthSource, depth_from_calibration, pro
 from windve.engines import resolve_dtype
 from windve.model import ModelSpec, load_model_spec
 from windve.probe import Address, ProbeFailed, exact_length_texts, probe_over_http
+from windve.prompts import default_prompt
 from windve.settings import Settings
 from windve.thread_switches import shorten_for_accelerators
 from windve.tokenizer import TextTokenizer
@@ -336,9 +337,15 @@ class Runtime:
 
 
 def check_plan(settings: Settings) -> devices.Plan:
-    """Fail fast, before the server starts, on a missing model, an impossible plan, or a
-    calibration file that cannot be read or has a depth for none of the plan's pools."""
-    load_spec(settings)
+    """Fail fast, before the server starts, on a missing model, a prompt setting the model does not
+    have, an impossible plan, or a calibration file that cannot be read or has a depth for none of
+    the plan's pools."""
+    spec = load_spec(settings)
+    try:
+        default_prompt(spec, settings)
+    except ValueError as error:
+        setting = "default_prompt" if settings.default_prompt is not None else "default_prompt_name"
+        raise ValueError(f"setting {setting}: {error}") from None
     plan = make_plan(settings, devices.detect_hardware(settings.sysfs_root))
     if settings.calibration_file is not None:
         try:

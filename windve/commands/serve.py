@@ -19,7 +19,6 @@ import uvicorn
 
 from windve.commands.settings_flags import add_settings_flags, settings_from_args
 from windve.frontend.server import FrontEndServer
-from windve.settings import Settings
 
 log = logging.getLogger("windve.serve")
 
@@ -74,19 +73,6 @@ def front_end_processes(settings, plan) -> tuple[int, tuple[int, ...]]:
     return max(1, min(MAX_AUTO_WORKERS, len(service) - 1)), service
 
 
-def _check_default_prompt(settings: Settings) -> None:
-    """The prompt setting names one of the model's prompts, or the start stops here, before the
-    engines load (ValueError naming the setting)."""
-    from windve.prompts import default_prompt
-    from windve.service import load_spec
-
-    try:
-        default_prompt(load_spec(settings), settings)
-    except ValueError as error:
-        setting = "default_prompt" if settings.default_prompt is not None else "default_prompt_name"
-        raise ValueError(f"setting {setting}: {error}") from None
-
-
 def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args, "windve serve")
     logging.getLogger().setLevel(settings.log_level.upper())
@@ -95,7 +81,6 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         plan = check_plan(settings)
-        _check_default_prompt(settings)
     except (ValueError, DeviceError) as error:  # PlanError, ModelError are ValueErrors
         print(f"windve serve: {error}", file=sys.stderr)
         return 2
