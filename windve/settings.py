@@ -7,6 +7,7 @@ Sources, highest priority first: CLI flags of `windve serve`, environment variab
 from __future__ import annotations
 
 import os
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
 
@@ -146,14 +147,19 @@ class Settings(BaseSettings):
         return (init_settings, env_settings, _ConfigFileSource(settings_cls))
 
 
+# The file `--config` names, for the Settings being built now. Not exported to os.environ: a process
+# that loads settings from a file must not hand that file to every child it starts afterwards.
+_config_file: ContextVar[Path | None] = ContextVar("windve_config_file", default=None)
+
+
 class _ConfigFileSource(PydanticBaseSettingsSource):
-    """Reads the file named by WINDVE_CONFIG (YAML or JSON; JSON is YAML)."""
+    """Reads the file `--config` names, else the one WINDVE_CONFIG names (YAML or JSON; JSON is YAML)."""
 
     def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
         return None, field_name, False
 
     def __call__(self) -> dict[str, Any]:
-        path = os.environ.get("WINDVE_CONFIG")
+        path = _config_file.get() or os.environ.get("WINDVE_CONFIG")
         return read_config_file(Path(path)) if path else {}
 
 
@@ -175,13 +181,14 @@ def read_config_file(path: Path) -> dict[str, Any]:
 
 def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
     """Build settings from all sources; raise SettingsError naming each bad setting."""
-    if config_file is not None:
-        os.environ["WINDVE_CONFIG"] = str(config_file)
     given = {key: value for key, value in overrides.items() if value is not None}
+    token = _config_file.set(Path(config_file) if config_file is not None else None)
     try:
         return Settings(**given)
     except ValidationError as exc:
         raise SettingsError(describe_validation_error(exc)) from None
+    finally:
+        _config_file.reset(token)
 
 
 def describe_validation_error(exc: ValidationError) -> str:

@@ -170,10 +170,7 @@ def test_bad_config_file_exits_2(tmp_path: Path, monkeypatch, capsys) -> None:
     monkeypatch.delenv("WINDVE_CONFIG", raising=False)
     config = tmp_path / "windve.yaml"
     config.write_text("slo_seconds: -1\n")
-    try:
-        assert run_cli("--config", str(config), "--out", str(tmp_path / "c.json")) == 2
-    finally:
-        os.environ.pop("WINDVE_CONFIG", None)  # load_settings exports it for the process
+    assert run_cli("--config", str(config), "--out", str(tmp_path / "c.json")) == 2
     assert "slo_seconds" in capsys.readouterr().err
 
 

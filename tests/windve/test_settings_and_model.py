@@ -36,6 +36,16 @@ def test_sources_priority(monkeypatch, tmp_path):
     assert settings.max_batch_size == 4  # flag beats env and file
 
 
+def test_a_config_file_is_not_handed_to_the_processes_started_after(tmp_path):
+    config = tmp_path / "windve.yaml"
+    config.write_text("slo_seconds: 2.0\n")
+    assert load_settings(config_file=config).slo_seconds == 2.0
+    # it had been exported as WINDVE_CONFIG: a `windve serve` started later by the same process
+    # (a test, a script) ran with this file's settings
+    assert "WINDVE_CONFIG" not in __import__("os").environ
+    assert load_settings().slo_seconds == 1.0
+
+
 @pytest.mark.parametrize(
     ("env", "name"),
     [
