@@ -188,13 +188,22 @@ def decide_profile_depth(
     if decision.depth is None:
         return decision
     target = slo * (1 - headroom)
-    usable = finite_samples(samples)
+    # A level with refused requests (the server holds fewer in flight) is a miss with an endless tail;
+    # the line is fitted without it, so left out here too the depth could pass it, up to the cap.
+    usable = list(samples)
     met, missed = measured_bracket(usable, target)
     short = decision.depth < met <= cap
     past = missed is not None and missed > 1 and decision.depth >= missed
     if not (short or past):
         return decision
     said = f"{decision.reason} = {decision.depth}"
+    if missed is not None and met > 0 and not all(math.isfinite(s.p99) for s in usable if s.concurrency == missed):
+        return DepthDecision(
+            min(cap, met),
+            f"{said}, at or past C={missed}, where requests were refused: the depth is C={met}, the deepest "
+            f"level answered within {target:.4g} s",
+            bounded=True,
+        )
     if missed is not None and met > 0:
         depth = min(cap, chord_depth(usable, target, met, missed))
         return DepthDecision(

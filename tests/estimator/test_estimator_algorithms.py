@@ -303,6 +303,17 @@ def test_refused_requests_count_as_misses_and_stop_the_profile() -> None:
     assert profile.stop_reason == "p99 inf s > 1 s at C=16"
 
 
+def test_a_refused_level_bounds_the_depth() -> None:
+    # A server that holds 10 in flight (calibrate --url against one with a shallow depth): the line
+    # through 1 and 4 crosses the SLO far past 16, where requests were refused.
+    profile = _profile(SERVICE, 1.0, rounds=2, wrap=lambda pool: _Refusing(pool, 10).submit)
+    fit = fit_profile("sim", profile.samples)
+    assert fit.crossing(1.0) > 100
+    decision = decide_profile_depth(profile.samples, fit, 1.0)
+    assert (decision.depth, decision.bounded) == (4, True)
+    assert "at or past C=16, where requests were refused: the depth is C=4" in decision.reason
+
+
 def test_profile_options_are_checked() -> None:
     with pytest.raises(ValueError, match="growth must be >= 2"):
         ProfileOptions(growth=1)
