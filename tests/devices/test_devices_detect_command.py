@@ -60,6 +60,14 @@ def test_previews_another_machine_from_its_sysfs_tree(sysfs_tree) -> None:
     ]
 
 
+def test_an_unknown_architecture_is_refused_not_planned_as_x86(sysfs_tree) -> None:
+    result = _detect("--sysfs-root", str(sysfs_tree("kunpeng920")), "--arch", "arm64v8", "--allowed-cpus", "all")
+    assert result.returncode == 2
+    assert "--arch: invalid choice: 'arm64v8' (choose from" in result.stderr and not result.stdout
+    upper = _detect("--sysfs-root", str(sysfs_tree("kunpeng920")), "--arch", "AArch64", "--allowed-cpus", "all")
+    assert upper.returncode == 0 and "aarch64 (CPU instances take cores highest index first)" in upper.stdout
+
+
 def test_sysfs_root_from_environment(sysfs_tree) -> None:
     result = _detect("--json", "--allowed-cpus", "all", env={"WINDVE_SYSFS_ROOT": str(sysfs_tree("gapped"))})
     assert result.returncode == 0, result.stderr

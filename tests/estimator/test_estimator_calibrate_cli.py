@@ -8,6 +8,7 @@ import os
 import re
 import resource
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -174,11 +175,45 @@ def test_bad_config_file_exits_2(tmp_path: Path, monkeypatch, capsys) -> None:
     assert "slo_seconds" in capsys.readouterr().err
 
 
+def test_a_plan_that_cannot_work_exits_2(tmp_path: Path, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("WINDVE_DEVICE", "cuda")  # this machine has no CUDA GPU
+    assert run_cli("--out", str(tmp_path / "c.json")) == 2
+    assert "device=cuda but no CUDA" in capsys.readouterr().err
+    assert not (tmp_path / "c.json").exists()
+
+
 def test_unreachable_server_exits_1_and_says_so(tmp_path: Path, capsys) -> None:
     code = run_cli("--url", "http://127.0.0.1:9", "--out", str(tmp_path / "c.json"), "--plot", str(tmp_path / "c.png"))
     assert code == 1
     assert "http://127.0.0.1:9/embed does not answer" in capsys.readouterr().err
     assert not (tmp_path / "c.json").exists()
+
+
+def test_a_server_that_never_answers_is_told_after_one_timeout(tmp_path: Path, capsys) -> None:
+    asked: list[bytes] = []
+    hang_up = threading.Event()
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def hold() -> None:  # reads each request line, answers nothing
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            asked.append(conn.recv(65536).split(b"\r\n", 1)[0])
+            hang_up.wait()
+            conn.close()
+
+    threading.Thread(target=hold, daemon=True).start()
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    try:
+        code = run_cli("--url", url, "--request-timeout", "0.5", "--out", str(tmp_path / "c.json"))
+    finally:
+        hang_up.set()
+        listener.close()
+    assert code == 1
+    assert f"{url}/embed does not answer: no answer within 0.5 s (--request-timeout)" in capsys.readouterr().err
+    assert asked == [b"POST /embed HTTP/1.1"]  # not GET /info first, a second timeout
 
 
 def test_calibrating_a_server_by_url_writes_json_png_table_and_redis(

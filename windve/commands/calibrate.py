@@ -230,6 +230,7 @@ def check_args(args: argparse.Namespace, max_tokens: int, min_tokens: int = 3) -
 
 def run(args: argparse.Namespace) -> int:
     """0 on success; 2 on bad arguments or settings; 1 when profiling or publishing fails."""
+    from devices import PlanError
     from windve.model import ModelError, load_model_spec
     from windve.settings import SettingsError, load_settings
 
@@ -246,7 +247,7 @@ def run(args: argparse.Namespace) -> int:
     except asyncio.CancelledError:
         print(f"{PROG}: stopped by SIGTERM; the services it started are stopped", file=sys.stderr)
         return 128 + signal.SIGTERM
-    except UsageError as error:
+    except (UsageError, PlanError) as error:  # a plan that cannot work is a setting to change, as in serve
         return _fail(error, 2)
     except (RuntimeError, OSError, ValueError) as error:  # CalibrationRunError, ServerStartError, DeviceError, ...
         return _fail(error, 1)
@@ -471,11 +472,14 @@ async def _calibrate_url(
     except ValueError as error:
         raise CalibrationRunError(str(error)) from None
     try:
-        info = await server_info(connections, _headers(settings), timeout)
+        # /embed first: a server that never answers is told after one timeout, not one for /info as well.
         submit = HttpSubmit(connections, texts.text_of, _headers(settings))
         _, error = await timed_request(submit, [texts.make_query(options.profile.query_tokens)], timeout)
         if error is not None:
+            if error.startswith("TimeoutError"):
+                error = f"no answer within {timeout:g} s (--request-timeout)"
             raise CalibrationRunError(f"{url.rstrip('/')}/embed does not answer: {error}")
+        info = await server_info(connections, _headers(settings), timeout)
         tune_gc_for_serving()  # as in _calibrate
         result = await calibrate_pool("server", submit, texts.make_query, options, progress)
     finally:

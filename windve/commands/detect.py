@@ -23,13 +23,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run)
 
 
+ARCHITECTURES = ("x86_64", "aarch64")
+
+
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     parser.add_argument("--config", type=Path, help="YAML/JSON config file (same as WINDVE_CONFIG)")
     parser.add_argument("--sysfs-root", type=Path, help="sysfs tree to read (default /sys; WINDVE_SYSFS_ROOT)")
     parser.add_argument(
         "--arch",
-        help="architecture to plan for, e.g. aarch64 (default: this machine's); for previewing another machine's tree",
+        type=str.lower,
+        choices=ARCHITECTURES,  # the planner only tells ARM (core grouping) from the rest; a typo would plan x86
+        help="architecture to plan for (default: this machine's); for previewing another machine's tree",
     )
     parser.add_argument(
         "--allowed-cpus",
