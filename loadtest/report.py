@@ -44,6 +44,7 @@ class SweepResult:
     settings: dict[str, Any]
     steps: list[StepResult] = field(default_factory=list)
     stopped_early: bool = False
+    interrupted: bool = False  # Ctrl-C: the steps measured until then
 
     @property
     def best(self) -> StepResult | None:
@@ -57,6 +58,7 @@ class SweepResult:
             "settings": self.settings,
             "steps": [step.to_dict() for step in self.steps],
             "stopped_early": self.stopped_early,
+            "interrupted": self.interrupted,
             "max_users": best.users if best else None,
             "max_queries_in_flight": best.queries_in_flight if best else None,
             "max_texts_per_second": best.summary.texts_per_second if best else None,
@@ -107,11 +109,12 @@ def progress_line(users: int, phase: str, elapsed: float, planned: float, summar
 def conclusion(result: SweepResult) -> str:
     slo = result.settings["slo_seconds"]
     best = result.best
+    until = f" (interrupted: of the {len(result.steps)} step(s) measured)" if result.interrupted else ""
     if best is None:
-        return f"max concurrency within the {slo:g} s SLO: none (no step passed)"
+        return f"max concurrency within the {slo:g} s SLO: none (no step passed){until}"
     return (
         f"max concurrency within the {slo:g} s SLO: {best.users} users = {best.queries_in_flight} queries in flight "
-        f"({best.summary.texts_per_second:.1f} texts/s, p99 {_ms(best.summary.p99_ms)} ms)"
+        f"({best.summary.texts_per_second:.1f} texts/s, p99 {_ms(best.summary.p99_ms)} ms){until}"
     )
 
 

@@ -15,8 +15,11 @@ While a step runs, a progress line goes to stderr every --progress-seconds; the 
 to stdout as steps finish. --plot (default: beside --json-out) draws p99 and goodput against
 the number of clients, with the SLO line.
 
+Ctrl-C (SIGINT) stops the sweep: the steps measured so far are printed, written (--json-out,
+--plot) and the exit status is 130.
+
 Exit status: 0 when some step passed, 1 when none did, 2 on bad options or a server that
-never became ready.
+never became ready, 130 when interrupted.
 """
 
 # Locust first: importing it monkey-patches the process with gevent, which must happen
@@ -27,6 +30,7 @@ import argparse
 import json
 import logging
 import math
+import signal
 import sys
 import time
 import urllib.error
@@ -96,6 +100,8 @@ def run_sweep(
     recorder = Recorder()
     env.events.request.add_listener(recorder.on_request)
     runner = env.create_local_runner()
+    hub = gevent.get_hub()  # Ctrl-C is handled below; the hub need not print it as an error first
+    hub.NOT_ERROR = (*hub.NOT_ERROR, KeyboardInterrupt)
     progress = _Progress(on_progress, progress_seconds, workload)
     try:
         for count in users:
@@ -115,6 +121,8 @@ def run_sweep(
             if not passed and not continue_after_fail:
                 result.stopped_early = count != users[-1]
                 break
+    except KeyboardInterrupt:  # Ctrl-C: keep what was measured; the step under way is dropped
+        result.interrupted = True
     finally:
         runner.quit()
     return result
@@ -224,6 +232,8 @@ def run_from_args(args: argparse.Namespace) -> int:
     except (ValueError, RuntimeError, OSError) as exc:
         print(f"loadtest: {exc}", file=sys.stderr)
         return 2
+    if result.interrupted:
+        print("loadtest: interrupted; the step under way is not reported", file=sys.stderr, flush=True)
     print(conclusion(result), flush=True)
     if args.json_out:
         args.json_out.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
@@ -232,6 +242,8 @@ def run_from_args(args: argparse.Namespace) -> int:
 
         plot_sweep(result, plot)
         print(f"wrote {plot}", flush=True)
+    if result.interrupted:
+        return 128 + signal.SIGINT
     return 0 if result.best is not None else 1
 
 

@@ -7,6 +7,7 @@ gevent, which the rest of the pytest session (asyncio, threads) must not get.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -50,7 +51,8 @@ def expected_verdict(step: dict[str, Any], slo_seconds: float) -> bool:
 def check_sweep_result(result: dict[str, Any], users: list[int]) -> None:
     """Structure, internal consistency, and the max being the largest passing step."""
     assert set(result) == {
-        "settings", "steps", "stopped_early", "max_users", "max_queries_in_flight", "max_texts_per_second",
+        "settings", "steps", "stopped_early", "interrupted", "max_users", "max_queries_in_flight",
+        "max_texts_per_second",
     }  # fmt: skip
     settings = result["settings"]
     steps = result["steps"]
@@ -125,6 +127,38 @@ def test_sweep_finds_max_concurrency(loadtest_server: ServerProcess, tmp_path: P
     plot = json_out.with_suffix(".png")
     check_png(plot)
     assert f"wrote {plot}" in completed.stdout
+
+
+def test_ctrl_c_keeps_the_steps_measured(loadtest_server: ServerProcess, tmp_path: Path) -> None:
+    json_out = tmp_path / "sweep.json"
+    command = [
+        sys.executable, "-m", "loadtest.sweep", "--host", loadtest_server.url, "--json-out", str(json_out),
+        "--users", "1,2", "--step-seconds", "6", "--warmup-seconds", "0.5", "--slo", "5",
+    ]  # fmt: skip
+    # As a terminal's Ctrl-C: SIGINT with its default action (a child of a non-interactive shell ignores it).
+    proc = subprocess.Popen(
+        command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
+    try:
+        seen = []
+        for line in proc.stderr:  # the first step is measured once the second one starts
+            seen.append(line)
+            if line.startswith("  users 2: running"):
+                proc.send_signal(signal.SIGINT)
+                break
+        stdout, rest = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    stderr = "".join(seen) + rest
+    assert proc.returncode == 130, stderr
+    assert "interrupted; the step under way is not reported" in stderr
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
+    result = json.loads(json_out.read_text())
+    check_sweep_result(result, [1, 2])
+    assert result["interrupted"] and [step["users"] for step in result["steps"]] == [1]
+    assert "max concurrency within the 5 s SLO: 1 users" in stdout and "(interrupted: of the 1 step(s)" in stdout
+    check_png(json_out.with_suffix(".png"))
 
 
 def test_busy_answers_are_counted_apart_from_errors(loadtest_server: ServerProcess, tmp_path: Path) -> None:
