@@ -117,6 +117,10 @@ SCENARIOS: dict[str, dict[str, Any] | str | None] = {
     "cpu-hpa": {"autoscaling": {"enabled": True, "queueOccupancy": {"enabled": False}}},
     "calibration-job": "calibration-job-values.yaml",
     "production": "production-values.yaml",
+    # The chart's Redis with its password in a Secret the operator manages.
+    "redis-existing-secret": {
+        "redis": {"auth": {"existingSecret": "windve-redis-auth", "existingSecretPasswordKey": "password"}}
+    },
 }
 
 

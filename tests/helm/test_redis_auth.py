@@ -13,7 +13,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
-from helm_render import CHART_DIR, FULLNAME, Release, container, env_of, render
+from helm_render import CHART_DIR, FULLNAME, Release, all_containers, container, env_of, render
 
 REDIS = f"{FULLNAME}-redis"
 LOOKUP = '{{- $existing := lookup "v1" "Secret" .Release.Namespace (include "windve.redisName" .) }}'
@@ -38,6 +38,36 @@ def resolved_env(cont: dict[str, Any], release: Release) -> dict[str, str]:
 def expand(arg: str, env: dict[str, str]) -> str:
     """Kubernetes' $(VAR) expansion in args."""
     return re.sub(r"\$\((\w+)\)", lambda match: env[match.group(1)], arg)
+
+
+def start_rendered_redis(tmp_path: Path, args: list[str]):
+    """redis-server with the chart's arguments (env expanded), on a free loopback port: the fixture
+    gives its own --dir, port and bind."""
+    from tests.redis_server import start_on_free_port
+
+    assert args[0] == "redis-server"
+    dir_at = args.index("--dir")
+    return start_on_free_port(tmp_path, args[1:dir_at] + args[dir_at + 2 :])
+
+
+def on_port(url: str, port: int) -> str:
+    """The chart's Redis URL, pointed at the local server."""
+    parts = urlsplit(url)
+    return parts._replace(netloc=parts.netloc.replace(f"{REDIS}:6379", f"127.0.0.1:{port}")).geturl()
+
+
+def ping(target: str) -> bool:
+    """PING with windve's own client."""
+    from windve.redis_client import create_async_redis
+
+    async def once() -> bool:
+        client = create_async_redis(target, 2.0)
+        try:
+            return await client.ping()
+        finally:
+            await client.aclose()
+
+    return asyncio.run(once())
 
 
 def test_password_is_generated_per_install_and_is_in_the_url(chart: Any) -> None:
@@ -113,32 +143,17 @@ def test_windve_reaches_the_rendered_redis_only_with_the_secret_url(
 ) -> None:
     import redis
 
-    from tests.redis_server import require_redis_server, start_on_free_port
-    from windve.redis_client import create_async_redis
+    from tests.redis_server import require_redis_server
 
     require_redis_server()
     release = releases["default"]
     redis_container = container(release.get("Deployment", REDIS))
     env = resolved_env(redis_container, release)
-    args = [expand(arg, env) for arg in redis_container["args"]]
-    assert args[0] == "redis-server"
-    dir_at = args.index("--dir")
-    local_args = args[1:dir_at] + args[dir_at + 2 :]  # the fixture gives its own --dir, port and bind
-    server = start_on_free_port(tmp_path, local_args)
+    server = start_rendered_redis(tmp_path, [expand(arg, env) for arg in redis_container["args"]])
     try:
-        url = urlsplit(resolved_env(container(release.server()), release)["WINDVE_REDIS_URL"])
-        local_url = url._replace(netloc=url.netloc.replace(f"{REDIS}:6379", f"127.0.0.1:{server.port}")).geturl()
-
-        async def ping(target: str) -> bool:
-            client = create_async_redis(target, 2.0)
-            try:
-                return await client.ping()
-            finally:
-                await client.aclose()
-
-        assert asyncio.run(ping(local_url)) is True
+        assert ping(on_port(resolved_env(container(release.server()), release)["WINDVE_REDIS_URL"], server.port))
         with pytest.raises(redis.AuthenticationError):
-            asyncio.run(ping(f"redis://127.0.0.1:{server.port}/0"))
+            ping(f"redis://127.0.0.1:{server.port}/0")
         client = redis.Redis(host="127.0.0.1", port=server.port, password=env["REDISCLI_AUTH"])
         try:
             assert client.config_get("protected-mode") == {"protected-mode": "yes"}
@@ -159,3 +174,120 @@ def test_a_new_given_password_rolls_redis_and_the_servers(chart: Any) -> None:
     assert None not in first and first[0] == first[1]  # both pods roll together
     assert first != second
     assert "first-password" not in str(first)  # a digest, not the password
+
+
+# redis.auth.existingSecret: the password lives in a Secret the operator manages (GitOps, External
+# Secrets, Vault); the chart makes none and never sees the password.
+USER_SECRET, USER_KEY = "windve-redis-auth", "password"  # the "redis-existing-secret" scenario
+USER_PASSWORD = "from-the-vault.42"
+
+
+def kubelet_env(cont: dict[str, Any], secrets: dict[str, dict[str, str]]) -> dict[str, str]:
+    """The container's env as the kubelet builds it: in order, secretKeyRefs read from `secrets`,
+    and $(VAR) in a value expanded from the entries defined before it (left as is otherwise)."""
+    values: dict[str, str] = {}
+    for entry in cont.get("env", []):
+        if "value" in entry:
+            values[entry["name"]] = re.sub(
+                r"\$\((\w+)\)", lambda match: values.get(match.group(1), match.group(0)), entry["value"]
+            )
+        else:
+            ref = entry["valueFrom"]["secretKeyRef"]
+            values[entry["name"]] = secrets[ref["name"]][ref["key"]]
+    return values
+
+
+def test_existing_secret_replaces_the_generated_one(releases: dict[str, Release]) -> None:
+    release = releases["redis-existing-secret"]
+    assert release.has("Deployment", REDIS) and release.has("Service", REDIS)  # still the chart's Redis
+    assert not release.has("Secret", REDIS)
+    assert not [s for s in release.all("Secret") if {"redis-password", "redis-url"} & set(s.get("data", {}))]
+    for workload in release.all("Deployment") + release.all("Job"):
+        for cont in all_containers(workload):
+            for entry in cont.get("env", []):
+                ref = entry.get("valueFrom", {}).get("secretKeyRef")
+                assert ref is None or ref["name"] != REDIS, (workload["metadata"]["name"], entry)
+
+
+def test_redis_reads_the_password_from_the_existing_secret(releases: dict[str, Release]) -> None:
+    redis_deployment = releases["redis-existing-secret"].get("Deployment", REDIS)
+    redis_container = container(redis_deployment)
+    assert env_of(redis_container)["REDISCLI_AUTH"]["valueFrom"]["secretKeyRef"] == {
+        "name": USER_SECRET, "key": USER_KEY,
+    }  # fmt: skip
+    args = redis_container["args"]
+    assert args[args.index("--requirepass") + 1] == "$(REDISCLI_AUTH)"
+    # No given password to digest: a change in the operator's Secret needs a rollout restart.
+    assert "checksum/redis-auth" not in redis_deployment["spec"]["template"]["metadata"].get("annotations", {})
+
+
+def test_servers_build_the_url_from_the_existing_secret(releases: dict[str, Release]) -> None:
+    import redis.connection
+
+    release = releases["redis-existing-secret"]
+    server = container(release.server())
+    names = [entry["name"] for entry in server["env"]]
+    # Kubernetes expands $(VAR) only from entries defined earlier in the list.
+    assert names.index("WINDVE_REDIS_PASSWORD") < names.index("WINDVE_REDIS_URL")
+    env = env_of(server)
+    assert env["WINDVE_REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": USER_SECRET, "key": USER_KEY}
+    assert env["WINDVE_REDIS_URL"] == {
+        "name": "WINDVE_REDIS_URL", "value": f"redis://:$(WINDVE_REDIS_PASSWORD)@{REDIS}:6379/0",
+    }  # fmt: skip
+    assert server["args"] == ["serve"]  # the password (or its reference) is in no argument
+    for cont in all_containers(release.server()):
+        assert not [arg for arg in cont.get("args", []) + cont.get("command", []) if "REDIS" in arg or "://" in arg]
+
+    url = kubelet_env(server, {USER_SECRET: {USER_KEY: USER_PASSWORD}})["WINDVE_REDIS_URL"]
+    parsed = redis.connection.parse_url(url)  # as redis-py reads it
+    service = release.get("Service", REDIS)
+    assert parsed["password"] == USER_PASSWORD
+    assert (parsed["host"], parsed["port"]) == (service["metadata"]["name"], service["spec"]["ports"][0]["port"])
+
+
+def test_windve_reaches_redis_with_the_password_of_the_existing_secret(
+    releases: dict[str, Release], tmp_path: Path
+) -> None:
+    """Redis started with the rendered arguments and the operator's Secret; windve's own client
+    with the URL the kubelet builds for the serving pod."""
+    import redis
+
+    from tests.redis_server import require_redis_server
+
+    require_redis_server()
+    release = releases["redis-existing-secret"]
+    secrets = {USER_SECRET: {USER_KEY: USER_PASSWORD}}
+    redis_container = container(release.get("Deployment", REDIS))
+    env = kubelet_env(redis_container, secrets)
+    server = start_rendered_redis(tmp_path, [expand(arg, env) for arg in redis_container["args"]])
+    try:
+        assert ping(on_port(kubelet_env(container(release.server()), secrets)["WINDVE_REDIS_URL"], server.port))
+        with pytest.raises(redis.AuthenticationError):
+            ping(f"redis://:not-{USER_PASSWORD}@127.0.0.1:{server.port}/0")
+    finally:
+        server.stop()
+
+
+def test_existing_secret_and_password_together_are_refused(chart: Any, helm: Any) -> None:
+    values = {"redis": {"auth": {"password": "correct-horse", "existingSecret": USER_SECRET}}}
+    with pytest.raises(helm.HelmRenderError, match="redis.auth.password and redis.auth.existingSecret are both set"):
+        render(chart, values)
+
+
+def test_existing_secret_does_not_make_the_charts_redis_usable_by_calibration(chart: Any, helm: Any) -> None:
+    """The calibration Job (a pre-install hook) still runs before the chart's Redis exists."""
+    values = {"redis": {"auth": {"existingSecret": USER_SECRET}}, "calibration": {"enabled": True}}
+    with pytest.raises(helm.HelmRenderError, match="calibration.enabled runs the calibration Job before"):
+        render(chart, values)
+
+
+@pytest.mark.parametrize(
+    ("auth", "complaint"),
+    [
+        ({"existingSecret": "Not_A_Name"}, "/redis/auth/existingSecret"),
+        ({"existingSecret": USER_SECRET, "existingSecretPasswordKey": ""}, "/redis/auth/existingSecretPasswordKey"),
+    ],
+)
+def test_existing_secret_values_are_checked(chart: Any, helm: Any, auth: dict[str, str], complaint: str) -> None:
+    with pytest.raises(helm.HelmValuesError, match=complaint):
+        render(chart, {"redis": {"auth": auth}})

@@ -93,7 +93,9 @@ config.yaml: |
 {{- end }}
 
 {{/* Pod annotation that rolls the pods reading the Redis password when a given one changes
-(a generated one never does: upgrades keep it). Empty otherwise. */}}
+(a generated one never does: upgrades keep it). Empty otherwise, and with
+redis.auth.existingSecret: the chart never sees that password, so a change to it needs a
+`kubectl rollout restart` of Redis and the servers (docs/deploy.md). */}}
 {{- define "windve.redisAuthChecksum" -}}
 {{- if and .Values.redis.enabled .Values.redis.auth.password }}
 checksum/redis-auth: {{ .Values.redis.auth.password | sha256sum }}
@@ -167,7 +169,17 @@ the chart owns. Everything else comes from the ConfigMap file (WINDVE_CONFIG). *
 - name: WINDVE_TRUST_REMOTE_CODE
   value: {{ .Values.model.trustRemoteCode | quote }}
 {{- $redis := include "windve.redisMode" . }}
-{{- if eq $redis "internal" }}
+{{- if and (eq $redis "internal") .Values.redis.auth.existingSecret }}
+# The password is the operator's, in their Secret (which has no URL): the kubelet expands
+# $(WINDVE_REDIS_PASSWORD) into the URL (it must come first), so the password is in no pod spec.
+- name: WINDVE_REDIS_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.redis.auth.existingSecret }}
+      key: {{ .Values.redis.auth.existingSecretPasswordKey | quote }}
+- name: WINDVE_REDIS_URL
+  value: {{ printf "redis://:$(WINDVE_REDIS_PASSWORD)@%s:6379/0" (include "windve.redisName" .) | quote }}
+{{- else if eq $redis "internal" }}
 # The URL holds the password: it comes from the chart's Redis Secret, never the pod spec.
 - name: WINDVE_REDIS_URL
   valueFrom:

@@ -12,6 +12,9 @@ from the ConfigMap, which every release renders. */}}
 {{- if and (eq (toString .Values.config.cpu_layout) "explicit") (not .Values.config.plan) }}
 {{- fail "config.cpu_layout=explicit needs a config.plan list" }}
 {{- end }}
+{{- if and .Values.redis.auth.password .Values.redis.auth.existingSecret }}
+{{- fail "redis.auth.password and redis.auth.existingSecret are both set: the chart's Redis takes its password from one of them. Leave redis.auth.password empty to read it from the Secret (key redis.auth.existingSecretPasswordKey), or leave redis.auth.existingSecret empty to use the given password" }}
+{{- end }}
 {{- $redis := include "windve.redisMode" . }}
 {{- if and .Values.calibration.enabled (not (has $redis (list "url" "secret"))) }}
 {{- fail "calibration.enabled runs the calibration Job before the release's objects exist (pre-install, while the accelerator is still free), so it needs a Redis that already exists: set redis.enabled=false with redis.externalUrl or redis.externalUrlSecret, or leave calibration off and let each pod probe its depths at start (config.depth_control=adaptive)" }}
