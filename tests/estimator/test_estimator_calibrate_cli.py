@@ -254,18 +254,22 @@ def test_server_answering_busy_is_profiled_up_to_its_limit(sim_server_factory, t
     # Without --plot, the picture lands beside the JSON.
     assert (tmp_path / "c.png").read_bytes()[:8] == PNG_MAGIC
     pool = load_calibration(out).pools["server"]
-    # 1 and 4 are answered; the next level (16, or one the line aims at when the machine is slow) is
-    # more than the server holds: the level that misses ends the profile.
-    *answered, refused = pool.samples
-    assert [(s.concurrency, s.rounds, s.failures) for s in answered] == [(1, 2, 0), (4, 2, 0)]
-    assert refused.concurrency > 6 and refused.failures > 0 and "HTTP 429" in (refused.first_error or "")
-    c = refused.concurrency
+    # 1 and 4 are answered; a level past the 6 the server holds (16, or one the line aims at when the
+    # machine is slow, and the settled crossing when the line puts it under that level) is refused.
+    levels = pool.samples
+    assert [(s.concurrency, s.rounds, s.failures) for s in levels[:2]] == [(1, 2, 0), (4, 2, 0)]
+    assert all(s.rounds == 2 and (s.failures == 0 or s.concurrency > 6) for s in levels)
+    refused = [s for s in levels if s.failures]
+    assert refused and all("HTTP 429" in (s.first_error or "") for s in refused)
     out_text = capsys.readouterr().out
-    assert f"p99 inf s > 0.85 s at C={c}" in out_text and "2 rounds per level" in out_text
-    assert re.search(rf"server: \d+ of {2 * c} requests at C={c} failed \(ServerRefused: HTTP 429", out_text)
+    assert f"p99 inf s > 0.85 s at C={refused[0].concurrency}" in out_text and "2 rounds per level" in out_text
+    failed = re.search(r"server: \d+ of (\d+) requests at C=(\d+) failed \(ServerRefused: HTTP 429", out_text)
+    assert failed and int(failed[1]) == 2 * int(failed[2])
     assert "give it deeper queues and static depth control (e.g. WINDVE_CPU_DEPTH=100000" in out_text
-    # The refused level bounds the depth: the deepest level answered, not the line's crossing capped.
-    assert pool.at(1.0).estimate == 4
+    # A refused level bounds the depth: the deepest level answered within the target, not the line's
+    # crossing capped at the level refused.
+    within = max(s.concurrency for s in levels if s.failures == 0 and s.p99 <= 0.85)
+    assert pool.at(1.0).estimate == within < min(s.concurrency for s in refused)
 
 
 @pytest.fixture
