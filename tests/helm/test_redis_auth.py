@@ -23,16 +23,26 @@ def secret_data(release: Release, name: str = REDIS) -> dict[str, str]:
     return {key: base64.b64decode(value).decode() for key, value in release.get("Secret", name)["data"].items()}
 
 
-def resolved_env(cont: dict[str, Any], release: Release) -> dict[str, str]:
-    """The container's env as the kubelet gives it: secretKeyRefs read from the rendered Secrets."""
-    values = {}
-    for name, entry in env_of(cont).items():
+def kubelet_env(cont: dict[str, Any], secrets: dict[str, dict[str, str]]) -> dict[str, str]:
+    """The container's env as the kubelet builds it: in order, secretKeyRefs read from `secrets`,
+    and $(VAR) in a value expanded from the entries defined before it (left as is otherwise)."""
+    values: dict[str, str] = {}
+    for entry in cont.get("env", []):
         if "value" in entry:
-            values[name] = entry["value"]
+            values[entry["name"]] = re.sub(
+                r"\$\((\w+)\)", lambda match: values.get(match.group(1), match.group(0)), entry["value"]
+            )
         else:
             ref = entry["valueFrom"]["secretKeyRef"]
-            values[name] = secret_data(release, ref["name"])[ref["key"]]
+            values[entry["name"]] = secrets[ref["name"]][ref["key"]]
     return values
+
+
+def resolved_env(cont: dict[str, Any], release: Release) -> dict[str, str]:
+    """`kubelet_env` with the secretKeyRefs read from the release's rendered Secrets."""
+    rendered = {secret["metadata"]["name"]: secret_data(release, secret["metadata"]["name"])
+                for secret in release.all("Secret") if "data" in secret}
+    return kubelet_env(cont, rendered)
 
 
 def expand(arg: str, env: dict[str, str]) -> str:
@@ -40,11 +50,13 @@ def expand(arg: str, env: dict[str, str]) -> str:
     return re.sub(r"\$\((\w+)\)", lambda match: env[match.group(1)], arg)
 
 
-def start_rendered_redis(tmp_path: Path, args: list[str]):
-    """redis-server with the chart's arguments (env expanded), on a free loopback port: the fixture
-    gives its own --dir, port and bind."""
-    from tests.redis_server import start_on_free_port
+def start_rendered_redis(tmp_path: Path, redis_container: dict[str, Any], env: dict[str, str]):
+    """redis-server with the chart's arguments, `env` expanded in them, on a free loopback port: the
+    fixture gives its own --dir, port and bind."""
+    from tests.redis_server import require_redis_server, start_on_free_port
 
+    require_redis_server()
+    args = [expand(arg, env) for arg in redis_container["args"]]
     assert args[0] == "redis-server"
     dir_at = args.index("--dir")
     return start_on_free_port(tmp_path, args[1:dir_at] + args[dir_at + 2 :])
@@ -143,13 +155,10 @@ def test_windve_reaches_the_rendered_redis_only_with_the_secret_url(
 ) -> None:
     import redis
 
-    from tests.redis_server import require_redis_server
-
-    require_redis_server()
     release = releases["default"]
     redis_container = container(release.get("Deployment", REDIS))
     env = resolved_env(redis_container, release)
-    server = start_rendered_redis(tmp_path, [expand(arg, env) for arg in redis_container["args"]])
+    server = start_rendered_redis(tmp_path, redis_container, env)
     try:
         assert ping(on_port(resolved_env(container(release.server()), release)["WINDVE_REDIS_URL"], server.port))
         with pytest.raises(redis.AuthenticationError):
@@ -180,21 +189,6 @@ def test_a_new_given_password_rolls_redis_and_the_servers(chart: Any) -> None:
 # Secrets, Vault); the chart makes none and never sees the password.
 USER_SECRET, USER_KEY = "windve-redis-auth", "password"  # the "redis-existing-secret" scenario
 USER_PASSWORD = "from-the-vault.42"
-
-
-def kubelet_env(cont: dict[str, Any], secrets: dict[str, dict[str, str]]) -> dict[str, str]:
-    """The container's env as the kubelet builds it: in order, secretKeyRefs read from `secrets`,
-    and $(VAR) in a value expanded from the entries defined before it (left as is otherwise)."""
-    values: dict[str, str] = {}
-    for entry in cont.get("env", []):
-        if "value" in entry:
-            values[entry["name"]] = re.sub(
-                r"\$\((\w+)\)", lambda match: values.get(match.group(1), match.group(0)), entry["value"]
-            )
-        else:
-            ref = entry["valueFrom"]["secretKeyRef"]
-            values[entry["name"]] = secrets[ref["name"]][ref["key"]]
-    return values
 
 
 def test_existing_secret_replaces_the_generated_one(releases: dict[str, Release]) -> None:
@@ -252,14 +246,10 @@ def test_windve_reaches_redis_with_the_password_of_the_existing_secret(
     with the URL the kubelet builds for the serving pod."""
     import redis
 
-    from tests.redis_server import require_redis_server
-
-    require_redis_server()
     release = releases["redis-existing-secret"]
     secrets = {USER_SECRET: {USER_KEY: USER_PASSWORD}}
     redis_container = container(release.get("Deployment", REDIS))
-    env = kubelet_env(redis_container, secrets)
-    server = start_rendered_redis(tmp_path, [expand(arg, env) for arg in redis_container["args"]])
+    server = start_rendered_redis(tmp_path, redis_container, kubelet_env(redis_container, secrets))
     try:
         assert ping(on_port(kubelet_env(container(release.server()), secrets)["WINDVE_REDIS_URL"], server.port))
         with pytest.raises(redis.AuthenticationError):
