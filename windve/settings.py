@@ -112,6 +112,10 @@ class Settings(BaseSettings):
     @field_validator("reserved_cores", mode="before")
     @classmethod
     def _cores_from_text(cls, value: Any) -> Any:
+        # WINDVE_RESERVED_CORES=3 reaches here as the number 3: the settings library reads a list's
+        # variable as JSON first, and a single CPU is valid JSON.
+        if isinstance(value, int) and not isinstance(value, bool):
+            return [value]
         if isinstance(value, str):
             from devices.cpulist import parse_cpulist
 

@@ -68,6 +68,17 @@ def test_invalid_settings_name_the_setting(monkeypatch, env, name):
         load_settings()
 
 
+@pytest.mark.parametrize(
+    ("value", "cores"),
+    [("3", [3]), ("0-1", [0, 1]), ("0,2", [0, 2]), ("[1, 3]", [1, 3]), ("[]", [])],
+)
+def test_reserved_cores_from_the_environment_take_a_cpulist(monkeypatch, value, cores):
+    # a single CPU ("3") is valid JSON, which the settings library had decoded into a number
+    # and refused as "not a valid list"
+    monkeypatch.setenv("WINDVE_RESERVED_CORES", value)
+    assert load_settings().reserved_cores == cores
+
+
 def test_unknown_key_in_config_file_is_named(tmp_path):
     config = tmp_path / "bad.yaml"
     config.write_text("slo_secs: 1\n")
