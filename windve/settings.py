@@ -122,6 +122,16 @@ class Settings(BaseSettings):
             return sorted(parse_cpulist(value))
         return value
 
+    @field_validator("matryoshka_dims", mode="before")
+    @classmethod
+    def _dims_from_text(cls, value: Any) -> Any:
+        # As written by hand: `256` (which the env's JSON reading makes a number) or `256,128`.
+        if isinstance(value, int) and not isinstance(value, bool):
+            return [value]
+        if isinstance(value, str) and value.strip() and not value.lstrip().startswith("["):
+            return [piece.strip() for piece in value.split(",")]  # each validated as an int
+        return value
+
     @field_validator("redis_url", mode="before")
     @classmethod
     def _redis_scheme(cls, value: Any) -> Any:

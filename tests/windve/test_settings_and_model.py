@@ -79,6 +79,18 @@ def test_reserved_cores_from_the_environment_take_a_cpulist(monkeypatch, value, 
     assert load_settings().reserved_cores == cores
 
 
+@pytest.mark.parametrize(("value", "dims"), [("256", [256]), ("256,128", [256, 128]), ("[128, 256]", [128, 256])])
+def test_matryoshka_dims_from_the_environment_take_a_comma_list(monkeypatch, value, dims):
+    monkeypatch.setenv("WINDVE_MATRYOSHKA_DIMS", value)
+    assert load_settings().matryoshka_dims == dims
+
+
+def test_a_matryoshka_dims_flag_takes_a_comma_list():
+    assert load_settings(matryoshka_dims="64, 32").matryoshka_dims == [64, 32]
+    with pytest.raises(SettingsError, match="matryoshka_dims"):
+        load_settings(matryoshka_dims="64,big")
+
+
 def test_unknown_key_in_config_file_is_named(tmp_path):
     config = tmp_path / "bad.yaml"
     config.write_text("slo_secs: 1\n")

@@ -42,7 +42,7 @@ def settings_from_args(args: argparse.Namespace, prog: str) -> Settings:
 
 
 def _flag_value(value: Any) -> Any:
-    """A list-valued flag is written as JSON (`--matryoshka-dims '[128,256]'`), as its env variable is."""
+    """A list-valued flag may be written as JSON (`--matryoshka-dims '[128,256]'`), as its env variable may."""
     if isinstance(value, str) and value.lstrip().startswith("["):
         try:
             return json.loads(value)
