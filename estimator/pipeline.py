@@ -18,6 +18,8 @@ from estimator.recheck import recheck_speed
 from estimator.rounds import LevelSample, MakeQuery, ProgressHook, Submit
 from estimator.stress import StressResult, stress_test
 
+CHECK_MISSES = 2  # `--stress-test` sweeps until this many levels in a row miss
+
 
 class CalibrationRunError(RuntimeError):
     """Profiling could not produce a fit (e.g. every request failed); says which pool and why."""
@@ -87,9 +89,11 @@ async def calibrate_pool(
     length_fit = _fit_lengths(list(main.samples) + length_samples) if length_samples else None
     stress = None
     if options.stress_step:
+        # Two misses in a row stop it and every level swept votes: a check of the estimate that one
+        # slow level can stop (the paper's rule) once read 96 where the pool held 194.
         stress = await stress_test(
-            submit, make_query, options.slos, o, step=options.stress_step, headroom=options.headroom, pool=name,
-            progress=progress,
+            submit, make_query, options.slos, o, step=options.stress_step, headroom=options.headroom,
+            misses_to_stop=CHECK_MISSES, monotone=True, pool=name, progress=progress,
         )
     speed = None
     if options.recheck:

@@ -3,7 +3,8 @@
 The depth is the last level that met the SLO (the paper's baseline, step 8). Step 1 finds the true
 optimum, at a cost that grows with the square of the depth. One noisy level near the boundary can stop
 a sweep early; for a reference optimum, sweep on past a few misses and read the depth off a monotone
-(isotonic) fit of all levels instead (`monotone_depth`).
+(isotonic) fit of all levels instead (`monotone_depth`). `windve calibrate --stress-test`, a check of
+its estimate, does that with two misses in a row.
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ async def stress_test(
     start: int | None = None,
     headroom: float = 0.0,
     misses_to_stop: int = 1,
+    monotone: bool = False,
     pool: str = "pool",
     progress: ProgressHook | None = None,
 ) -> StressResult:
@@ -80,8 +82,9 @@ async def stress_test(
 
     Levels are measured as `options` says (query length, rounds, timeout, up to `max_concurrency`).
     A level meets an SLO T when its p99 <= T*(1 - headroom) (headroom 0: the plain baseline). The
-    sweep stops after `misses_to_stop` levels in a row miss (1: the paper's baseline); `depths` is
-    still the level before the first miss, so a longer sweep only adds samples.
+    sweep stops after `misses_to_stop` levels in a row miss (1: the paper's baseline). `depths` is
+    the level before the first miss, so a longer sweep only adds samples; with `monotone`, it is
+    read off every level swept (`monotone_depth`), so that a noisy level is outvoted.
     """
     if step < 1 or misses_to_stop < 1 or not slos:
         raise ValueError("step and misses_to_stop must be >= 1 and at least one SLO is needed")
@@ -111,7 +114,7 @@ async def stress_test(
     return StressResult(
         step=step,
         slos=tuple(slos),
-        depths=tuple(_last_meeting(samples, slo * keep) for slo in slos),
+        depths=tuple((monotone_depth if monotone else _last_meeting)(samples, slo * keep) for slo in slos),
         seconds=loop.time() - started,
         samples=tuple(samples),
         stop_reason=reason,

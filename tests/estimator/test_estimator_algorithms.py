@@ -17,7 +17,7 @@ import pytest
 import estimator.profile as profile_module
 from estimator.fit import DEFAULT_HEADROOM, LinearFit, decide_depth
 from estimator.layouts import choose_layout
-from estimator.pipeline import fit_profile
+from estimator.pipeline import CalibrationOptions, calibrate_pool, fit_profile
 from estimator.profile import (
     Profile,
     ProfileOptions,
@@ -415,6 +415,57 @@ def test_stress_test_can_sweep_past_a_miss_and_keeps_the_first_miss_depth() -> N
     assert met[-3:] == [False, False, False] and "3 levels in a row missed" in result.stop_reason
     first_miss = met.index(False)
     assert result.depths[0] == result.samples[first_miss - 1].concurrency == 20
+
+
+class _OneSlowRequest:
+    """The pool, but the first request that finds `level` in flight once armed waits `delay` first."""
+
+    def __init__(self, pool: SimulatedPool, level: int, delay: float, armed: bool = True) -> None:
+        self.pool, self.level, self.delay, self.armed = pool, level, delay, armed
+        self.in_flight, self.fired = 0, False
+
+    async def submit(self, sequences) -> None:
+        self.in_flight += 1
+        try:
+            if self.armed and not self.fired and self.in_flight >= self.level:
+                self.fired = True
+                await asyncio.sleep(self.delay)
+            await self.pool.submit(sequences)
+        finally:
+            self.in_flight -= 1
+
+    def arm_at_the_stress_test(self, progress: Progress) -> None:
+        self.armed = progress.stage == "stress"
+
+
+def test_a_monotone_stress_test_is_not_stopped_by_one_slow_request() -> None:
+    # Step 4 at 0.05 s: levels 4..20 meet (the optimum is 23), 24 misses. One slow request at 12
+    # stops the paper's sweep at 8; swept on to two misses in a row and read monotone, 20 stands.
+    async def body(pool: SimulatedPool):
+        results = []
+        for kwargs in ({}, {"misses_to_stop": 2, "monotone": True}):
+            noisy = _OneSlowRequest(pool, level=12, delay=0.05)
+            results.append(await stress_test(noisy.submit, constant_query, [0.05], ProfileOptions(rounds=2),
+                                              step=4, **kwargs))
+        return results
+
+    first_miss, monotone = run_virtual(_with_pool(SERVICE, body))
+    assert SERVICE.optimum_depth(0.05, TOKENS) // 4 * 4 == 20
+    assert first_miss.depths == (8,) and first_miss.samples[-1].concurrency == 12
+    assert not monotone.samples[2].meets(0.05) and monotone.depths == (20,)
+    assert [s.meets(0.05) for s in monotone.samples[-2:]] == [False, False]
+
+
+def test_calibrate_checks_its_estimate_with_a_stress_test_one_slow_level_cannot_stop() -> None:
+    async def body(pool: SimulatedPool):
+        noisy = _OneSlowRequest(pool, level=12, delay=0.05, armed=False)
+        options = CalibrationOptions(slos=(0.05,), profile=ProfileOptions(rounds=2), stress_step=4, headroom=0.0)
+        return await calibrate_pool("pool", noisy.submit, constant_query, options, noisy.arm_at_the_stress_test)
+
+    calibrated = run_virtual(_with_pool(SERVICE, body))
+    [depth] = calibrated.depths
+    assert not calibrated.stress.samples[2].meets(0.05)  # the slow request landed in C=12
+    assert depth.stress_test == 20 and depth.estimate is not None
 
 
 def _levels(tails: list[float]) -> list[LevelSample]:

@@ -124,7 +124,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default: %(default)s, as in the paper)")
     add_profile_arguments(parser)
     parser.add_argument("--stress-test", action="store_true",
-                        help="also run the stress-test baseline (raise C by --step until the SLO breaks)")
+                        help="also run a stress test to check the estimate: raise C by --step until two levels in a "
+                             "row miss the SLO; the depth is read off a monotone fit of every level, so one "
+                             "slow level does not decide")
     parser.add_argument("--lengths", type=_length_list, metavar="L1,L2,...",
                         help="also profile these query lengths for a length-aware fit and a token budget")
     parser.add_argument("--choose-cpu-layout", action="store_true",
