@@ -13,7 +13,6 @@ ARG PYTHON_IMAGE=python:3.11-slim
 FROM ${PYTHON_IMAGE} AS build
 ARG VARIANT=cpu
 ARG TORCH_VERSION=2.13.0
-ARG ONNXRUNTIME_VERSION=1.31.1
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/windve
@@ -26,11 +25,12 @@ RUN case "$VARIANT" in \
     esac
 WORKDIR /src
 COPY . .
-# The onnx engine on a GPU needs onnxruntime's CUDA build, which replaces the CPU one.
-RUN pip install . \
-    && if [ "$VARIANT" = cuda ]; then \
-         pip uninstall -y onnxruntime && pip install "onnxruntime-gpu==${ONNXRUNTIME_VERSION}"; \
-       fi
+# With the onnx engine's runtime (pyproject's extras): onnxruntime's CPU build, or on a GPU its
+# CUDA build, which must not be installed beside the CPU one.
+RUN case "$VARIANT" in \
+      cpu)  pip install ".[onnx]" ;; \
+      cuda) pip install ".[onnx-gpu]" ;; \
+    esac
 
 FROM ${PYTHON_IMAGE} AS runtime
 # libnuma: CPU workers bind their memory to their NUMA node (windve/cpu/numa.py).

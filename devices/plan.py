@@ -22,7 +22,9 @@ __all__ = ["InstanceSpec", "Plan", "PoolSpec", "make_plan"]
 
 DEVICE_CHOICES = ("auto", "cpu", "cuda", "npu")
 LAYOUT_CHOICES = ("per-node", "tp", "explicit")
-ONNX_PROVIDER_FOR = {"cuda": "CUDAExecutionProvider", "npu": "CANNExecutionProvider"}
+ONNX_PROVIDER_FOR = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider", "npu": "CANNExecutionProvider"}
+# pyproject's extras that bring each provider (the CANN build of onnxruntime is Huawei's, not on PyPI)
+ONNX_EXTRA_FOR = {"cpu": "windve[onnx]", "cuda": "windve[onnx-gpu]"}
 
 
 def make_plan(
@@ -97,9 +99,11 @@ def _check_onnx_providers(hardware: Hardware, instances: list[InstanceSpec]) -> 
         kind = instance.device.split(":")[0]
         provider = ONNX_PROVIDER_FOR.get(kind)
         if instance.engine == "onnx" and provider and provider not in hardware.onnx_providers:
+            extra = ONNX_EXTRA_FOR.get(kind)
+            install = f"; pip install '{extra}'" if extra else ""
             raise PlanError(
                 f"instance {instance.name}: engine onnx on {instance.device} needs onnxruntime's {provider} "
-                f"(available: {', '.join(hardware.onnx_providers) or 'none'})"
+                f"(available: {', '.join(hardware.onnx_providers) or 'none, onnxruntime is not installed'}){install}"
             )
 
 

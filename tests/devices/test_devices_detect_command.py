@@ -50,6 +50,14 @@ def test_json_on_this_machine() -> None:
         assert report["plan"]["heterogeneous"] is False
 
 
+def test_python_dash_m_windve_is_the_windve_command() -> None:
+    environment = {key: value for key, value in os.environ.items() if not key.startswith("WINDVE_")}
+    result = subprocess.run([sys.executable, "-m", "windve", "detect", "--json"], capture_output=True, text=True,
+                            env=environment, timeout=120)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["plan"] == json.loads(_detect("--json").stdout)["plan"]
+
+
 def test_previews_another_machine_from_its_sysfs_tree(sysfs_tree) -> None:
     result = _detect("--sysfs-root", str(sysfs_tree("kunpeng920")), "--arch", "aarch64", "--allowed-cpus", "all")
     assert result.returncode == 0, result.stderr

@@ -277,6 +277,16 @@ def test_onnx_on_gpu_needs_cuda_provider(hardware_for) -> None:
     assert make_plan(with_provider, engine="onnx").pools[0].instances[0].engine == "onnx"
 
 
+def test_onnx_without_onnxruntime_says_which_extra_to_install(hardware_for) -> None:
+    # onnxruntime is an extra (windve[onnx] / windve[onnx-gpu]): a plain install runs the torch
+    # engine, and asking for onnx there is refused at start, not when the engine loads.
+    with pytest.raises(PlanError, match=r"onnxruntime is not installed\); pip install 'windve\[onnx\]'"):
+        make_plan(hardware_for("vm2", providers=()), engine="onnx")
+    with pytest.raises(PlanError, match=r"CUDAExecutionProvider .*pip install 'windve\[onnx-gpu\]'"):
+        make_plan(hardware_for("vm2", (V100,), providers=()), engine="onnx")
+    assert make_plan(hardware_for("vm2", providers=()), engine="torch").pools
+
+
 def test_text_report_shows_pools_reserved_cores_and_order(hardware_for) -> None:
     hardware = hardware_for("kunpeng920", (ASCEND,))
     text = render_text(hardware, make_plan(hardware))

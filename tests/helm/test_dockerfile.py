@@ -88,10 +88,23 @@ def test_image_pins_the_tested_torch_and_onnxruntime() -> None:
     declared = "\n".join(rest for key, rest in instructions() if key == "ARG")
     args = dict(re.findall(r"^(\w+)=(\S+)$", declared, re.M))
     assert args["TORCH_VERSION"] == version("torch").split("+")[0]
-    assert args["ONNXRUNTIME_VERSION"] == version("onnxruntime")
-    # The project pins the same version, so that a fresh install tests what the image runs.
-    dependencies = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
-    assert f"onnxruntime=={args['ONNXRUNTIME_VERSION']}" in dependencies
+    # The onnx engine's runtime comes from the project's extras, each pinned to the version tested.
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert f"onnxruntime=={version('onnxruntime')}" in extras["onnx"]
+    assert f"onnxruntime-gpu=={version('onnxruntime')}" in extras["onnx-gpu"]
+    assert "windve[onnx]" in extras["test"]
+
+
+def test_each_variant_installs_one_onnxruntime_build() -> None:
+    # Both builds install into one package folder: a GPU image with the CPU one beside the CUDA one
+    # (which `pip check` flagged when the CPU one was a base requirement) may run the onnx engine on
+    # the CPU. No base requirement may pull either.
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert not [d for d in project["dependencies"] if d.startswith("onnxruntime")]
+    install = next(rest for key, rest in instructions() if key == "RUN" and "pip install \".[" in rest)
+    arms = {variant: command.strip() for variant, command in re.findall(r"\b(cpu|cuda)\)\s+([^;]*);;", install)}
+    assert arms == {"cpu": 'pip install ".[onnx]"', "cuda": 'pip install ".[onnx-gpu]"'}
+    assert "uninstall" not in " ".join(rest for key, rest in instructions() if key == "RUN")
 
 
 def test_cpu_variant_takes_the_cpu_wheel_and_cuda_the_pypi_one() -> None:
