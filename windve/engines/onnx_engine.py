@@ -40,7 +40,8 @@ def execution_providers(device: str, available: list[str]) -> list:
     if provider not in available:
         raise OnnxEngineError(
             f"onnx engine on {device} needs {provider}, but this onnxruntime build has only "
-            f"{available}; install onnxruntime-gpu (CUDA) or onnxruntime-cann (Ascend)"
+            f"{available}; pip install 'windve[onnx-gpu]' in place of windve[onnx] (CUDA), or Huawei's "
+            "onnxruntime-cann (Ascend)"
         )
     return [(provider, {"device_id": device_id}), "CPUExecutionProvider"]
 
