@@ -357,16 +357,20 @@ def test_front_ends_end_with_a_dispatcher_killed_and_free_the_port(tmp_path):
     socket.create_server(("127.0.0.1", server.port)).close()  # a plain bind: nothing listens there now
 
 
-def test_a_port_in_use_is_a_message_and_exit_3_not_a_traceback(tmp_path):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_port_in_use_is_a_message_and_exit_3_before_any_engine_starts(tmp_path, workers):
+    """One front end (the default without an accelerator) left the bind to uvicorn, after the
+    application had started: the plan was logged and the engines spawned before the error."""
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = taken.getsockname()[1]
         result = subprocess.run(
             [sys.executable, "-m", "windve.commands.serve", "--host", "127.0.0.1", "--port", str(port),
-             "--http-workers", "2"],
+             "--http-workers", str(workers)],
             capture_output=True, text=True, timeout=120, env=os.environ | {"TMPDIR": str(tmp_path)},
         )  # fmt: skip
     assert result.returncode == 3, result.stderr
     assert f"windve serve: cannot listen on 127.0.0.1:{port}: " in result.stderr and "Traceback" not in result.stderr
+    assert "device plan" not in result.stderr and "startup" not in result.stderr, result.stderr
     assert not list(tmp_path.glob("windve-*"))  # no work folder left behind
 
 

@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from windve.dispatcher.supervisor import open_listeners
+from windve.listeners import open_listeners
 
 
 def _accept_all(listener: socket.socket) -> int:
@@ -45,6 +45,30 @@ def test_a_port_in_use_is_refused_not_shared() -> None:
         port = listeners[0].getsockname()[1]
         with pytest.raises(OSError):
             open_listeners("127.0.0.1", port, 2)
+    finally:
+        for listener in listeners:
+            listener.close()
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        socket.create_server(("::1", 0), family=socket.AF_INET6).close()
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="this host has no IPv6 loopback")
+def test_an_ipv6_host_gets_ipv6_sockets_and_the_wildcard_takes_ipv4_too() -> None:
+    """`--host ::` (an IPv6-only or dual-stack cluster) was refused with "Address family for hostname
+    not supported" where the front ends' sockets were opened as IPv4 ones."""
+    listeners = open_listeners("::", 0, 2)
+    try:
+        port = listeners[0].getsockname()[1]
+        assert all(listener.family == socket.AF_INET6 for listener in listeners)
+        for address in ("::1", "127.0.0.1"):  # uvicorn's own bind of "::" takes both on Linux
+            socket.create_connection((address, port), timeout=5).close()
+        assert sum(_accept_all(listener) for listener in listeners) == 2
     finally:
         for listener in listeners:
             listener.close()

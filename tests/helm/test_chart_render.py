@@ -55,6 +55,11 @@ def test_probes_watch_health_on_the_served_port(releases: dict[str, Release], sc
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 300
 
 
+def test_an_ipv6_cluster_listens_on_the_ipv6_wildcard(chart: Any) -> None:
+    release = render(chart, {"service": {"listenAddress": "::"}})
+    assert env_of(container(release.server()))["WINDVE_HOST"]["value"] == "::"
+
+
 def test_pod_drains_before_it_is_killed(releases: dict[str, Release]) -> None:
     spec = pod_spec(releases["default"].server())
     server = container(releases["default"].server())

@@ -50,6 +50,7 @@ def test_config_schema_choices_match_the_settings() -> None:
         ({"accelerator": {"type": "tpu"}}, "/accelerator/type"),
         ({"replicacount": 3}, "additional properties 'replicacount' not allowed"),
         ({"redis": {"externalUrl": "localhost:6379"}}, "/redis/externalUrl"),
+        ({"service": {"listenAddress": "10.0.0.7"}}, "/service/listenAddress"),
     ],
 )
 def test_schema_rejects_bad_values(chart: Any, helm: Any, values: dict[str, Any], complaint: str) -> None:

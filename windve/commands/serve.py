@@ -115,8 +115,13 @@ def _drain_is_a_clean_exit(server: uvicorn.Server) -> Iterator[None]:
 def _serve_in_one_process(settings) -> int:
     from windve.frontend.app import create_app
     from windve.frontend.process import uvicorn_config
+    from windve.listeners import cannot_listen, listen
     from windve.probe import Listening
 
+    try:
+        sock = listen(settings.host, settings.port)
+    except OSError as error:  # the port in use, a host that is not this machine's: before any engine starts
+        return cannot_listen(settings.host, settings.port, error)
     fatal: list[str] = []
     server: DrainingServer | None = None
 
@@ -127,11 +132,9 @@ def _serve_in_one_process(settings) -> int:
 
     listening = Listening()
     app = create_app(settings, on_fatal=on_fatal, listening=listening)
-    server = DrainingServer(
-        uvicorn_config(app, settings, DRAIN_SECONDS, host=settings.host, port=settings.port), listening
-    )
-    with _drain_is_a_clean_exit(server):
-        server.run()
+    server = DrainingServer(uvicorn_config(app, settings, DRAIN_SECONDS), listening)
+    with _drain_is_a_clean_exit(server), sock:
+        server.run(sockets=[sock])
     if fatal:
         print(f"windve serve: could not start: {fatal[0]}", file=sys.stderr)
         return 1

@@ -33,6 +33,7 @@ from windve.dispatcher.board import StateBoard
 from windve.dispatcher.server import DispatcherServer
 from windve.gc_tuning import tune_gc_for_serving
 from windve.heartbeat import HeartbeatBoard
+from windve.listeners import cannot_listen, open_listeners
 from windve.probe import loopback
 from windve.service import Runtime
 from windve.settings import Settings
@@ -42,7 +43,6 @@ log = logging.getLogger("windve.dispatcher")
 RESTART_BACKOFF = (0.5, 1.0, 2.0, 5.0)
 FRONT_ENDS_START_SECONDS = 60.0  # the warm-up probe waits this long at most for every front end to serve
 WATCH_SECONDS = 0.25  # how often the keeper of a front end looks at its heartbeat
-STARTUP_FAILURE = 3  # the exit status uvicorn gives a single-process serve that cannot listen
 
 
 def front_ends_niceness(setting: int | None, own_cores: bool) -> int:
@@ -77,8 +77,7 @@ class Supervisor:
         try:
             listeners = open_listeners(self.settings.host, self.settings.port, self.workers)
         except OSError as error:  # the port in use, a host that is not this machine's: as uvicorn says it
-            print(f"windve serve: cannot listen on {self.settings.host}:{self.settings.port}: {error}", file=sys.stderr)
-            return STARTUP_FAILURE
+            return cannot_listen(self.settings.host, self.settings.port, error)
         workdir = Path(tempfile.mkdtemp(prefix="windve-"))
         # The engines are planned over the CPUs this process had before it moved onto the service
         # cores: planned after the move, every engine would be squeezed onto those few cores.
@@ -246,32 +245,6 @@ class Supervisor:
             index, process.pid, code, cancelled, delay,
         )
         await asyncio.sleep(delay)  # back-off before a restart, not a wait for a condition
-
-
-def open_listeners(host: str, port: int, count: int) -> list[socket.socket]:
-    """`count` listening sockets on one port, one per front end, to be inherited.
-
-    One socket shared by every front end went, under a burst of new connections, to whichever
-    process woke first: 64 connections opened at once landed 35/24/4/1 on four front ends, and
-    the busiest front end set every request's pace (bench/SERVED.md). With SO_REUSEPORT the kernel
-    picks a socket by the connection's addresses, evenly. A front end that dies leaves its socket
-    here, so connections queued on it wait for its replacement instead of being reset.
-    A plain bind goes first, so that a port already in use is an error, not a port shared with
-    another service of the same user.
-    """
-    with socket.create_server((host, port)) as plain:
-        port = plain.getsockname()[1]
-    listeners: list[socket.socket] = []
-    try:
-        for _ in range(count):
-            listener = socket.create_server((host, port), backlog=4096, reuse_port=True)
-            listeners.append(listener)
-            listener.set_inheritable(True)
-    except BaseException:
-        for listener in listeners:
-            listener.close()
-        raise
-    return listeners
 
 
 def _mark_metrics_dead(pid: int, directory: Path) -> None:

@@ -145,7 +145,7 @@ the chart owns. Everything else comes from the ConfigMap file (WINDVE_CONFIG). *
 - name: WINDVE_CONFIG
   value: /etc/windve/config.yaml
 - name: WINDVE_HOST
-  value: "0.0.0.0"
+  value: {{ .Values.service.listenAddress | quote }}
 - name: WINDVE_PORT
   value: "8080"
 - name: WINDVE_ONNX_CACHE_DIR
