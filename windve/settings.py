@@ -35,8 +35,11 @@ class InstanceConfig(BaseModel):
 
 
 class Settings(BaseSettings):
+    # An empty variable is an unset one: templates (compose's ${VAR}, a chart's extraEnv) write
+    # empty values for settings left alone, which had meant "no cores reserved", a model named "",
+    # a calibration file "." or a refused start.
     model_config = SettingsConfigDict(
-        env_prefix="WINDVE_", extra="forbid", validate_default=True, env_nested_delimiter="__"
+        env_prefix="WINDVE_", extra="forbid", validate_default=True, env_nested_delimiter="__", env_ignore_empty=True
     )
 
     # HTTP

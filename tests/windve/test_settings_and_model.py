@@ -79,6 +79,14 @@ def test_reserved_cores_from_the_environment_take_a_cpulist(monkeypatch, value, 
     assert load_settings().reserved_cores == cores
 
 
+@pytest.mark.parametrize("name", ["reserved_cores", "model", "http_workers", "calibration_file", "matryoshka_dims"])
+def test_an_empty_variable_is_an_unset_one(monkeypatch, name):
+    # Each had been read as a value: no reserved cores, a model named "", the calibration file ".",
+    # or a refused start ("Input should be a valid integer").
+    monkeypatch.setenv(f"WINDVE_{name.upper()}", "")
+    assert getattr(load_settings(), name) is None
+
+
 @pytest.mark.parametrize(("value", "dims"), [("256", [256]), ("256,128", [256, 128]), ("[128, 256]", [128, 256])])
 def test_matryoshka_dims_from_the_environment_take_a_comma_list(monkeypatch, value, dims):
     monkeypatch.setenv("WINDVE_MATRYOSHKA_DIMS", value)
