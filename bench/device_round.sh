@@ -14,7 +14,10 @@
 #   calibrate  `windve calibrate` of the accelerator pool over HTTP against a stress test on the
 #              same path, at a 0.25 s SLO (~170 s).
 # Environment, defaults are the GPU run's: PYTHON (python3), CLIENTS (1024,4096), FACTORS
-# (1,1.5,2,10), LEVEL_SECONDS (8), CAL_SLO (0.25), CAL_STEP (16), POOLS (accelerator).
+# (1,1.5,2,10), LEVEL_SECONDS (8), CAL_SLO (0.25), CAL_STEP (16), POOLS (accelerator), and
+# ROUND_SECONDS (520): the whole round's bound. The steps' own bounds add up to 690 s; each is
+# cut to what is left of the round, and a step with under 30 s left is skipped, so that the
+# round (with the device's set-up before it) ends inside one 600 s command and returns its logs.
 # Logs and JSON go to OUT_DIR (default: $OUT, else ./device-round).
 set -u
 large=${1:?usage: device_round.sh LARGE_MODEL_DIR SMALL_MODEL_DIR [OUT_DIR]}
@@ -24,12 +27,18 @@ python=${PYTHON:-python3}
 steps=,${STEPS:-large,small,calibrate},
 clients=${CLIENTS:-1024,4096}
 seconds=${LEVEL_SECONDS:-8}
+deadline=$((SECONDS + ${ROUND_SECONDS:-520}))
 mkdir -p "$out"
 export HF_HUB_OFFLINE=1
 
 step() {  # step NAME SECONDS COMMAND...: run it bounded, log it, say how it ended
-    local name=$1 limit=$2
+    local name=$1 limit=$2 left=$((deadline - SECONDS))
     shift 2
+    if ((left < 30)); then
+        echo "== $name: skipped, $left s left of ROUND_SECONDS"
+        return
+    fi
+    ((limit > left)) && limit=$left
     echo "== $name ($(date -u +%T), at most $limit s): $*"
     local start=$SECONDS
     timeout "$limit" "$@" >"$out/$name.log" 2>&1
