@@ -26,7 +26,9 @@ def post(client: httpx.Client, path: str, body: bytes, coding: str) -> httpx.Res
 @pytest.mark.parametrize(
     ("coding", "encode"),
     [("gzip", gzip.compress), ("deflate", zlib.compress), ("x-gzip", gzip.compress),
-     ("gzip, gzip", lambda body: gzip.compress(gzip.compress(body))), ("identity", lambda body: body)],
+     ("gzip, gzip", lambda body: gzip.compress(gzip.compress(body))), ("identity", lambda body: body),
+     # several members (RFC 1952 2.2), as `cat a.gz b.gz` makes; only the first had been read
+     ("gzip", lambda body: gzip.compress(body[:9]) + gzip.compress(body[9:]))],
 )  # fmt: skip
 def test_encoded_bodies_give_the_vectors_of_the_plain_one(client, coding, encode):
     plain = client.post("/embed", json={"inputs": TEXTS}).json()
@@ -50,6 +52,9 @@ def test_data_that_is_not_what_its_coding_says_is_a_validation_error(client):
     assert tei.status_code == 422 and "not valid gzip data" in tei.json()["error"]
     cut_short = gzip.compress(body)[:-12]
     assert "ends before its stream" in post(client, "/embed", cut_short, "gzip").json()["error"]
+    for coding, encode in (("gzip", gzip.compress), ("deflate", zlib.compress)):  # had been ignored
+        after = post(client, "/embed", encode(body) + b"trailing", coding)
+        assert after.status_code == 422 and f"not valid {coding} data" in after.json()["error"], coding
     openai = post(client, "/v1/embeddings", zlib.compress(body)[:5], "deflate")
     assert openai.status_code == 400 and openai.json()["error"]["type"] == "invalid_request_error"
 

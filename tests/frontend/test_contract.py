@@ -125,6 +125,21 @@ def test_openai_token_id_input_says_to_send_texts(client, token_ids):
     assert "check_embedding_ctx_length=False" in error["message"]
 
 
+@pytest.mark.parametrize("token_ids", [[101, 2023, 102], [[101, 2023, 102], [101, 102]]])
+def test_tei_token_id_input_says_to_send_texts(client, token_ids):
+    # had been "inputs[0]: Input should be a valid string"
+    response = client.post("/embed", json={"inputs": token_ids})
+    assert response.status_code == 422
+    assert response.json()["error"] == "inputs: token ids are not accepted, only texts"
+
+
+def test_openai_null_encoding_format_is_the_default(client):
+    # model, dimensions and user took null already; a client writing unset fields as null sends this too
+    response = client.post("/v1/embeddings", json={"input": "a", "encoding_format": None, "dimensions": None})
+    assert response.status_code == 200
+    assert isinstance(response.json()["data"][0]["embedding"], list)
+
+
 def test_too_many_inputs_is_413(client):
     info = client.get("/info").json()
     limit = info["max_client_batch_size"]
@@ -200,7 +215,7 @@ def test_huggingface_inference_client_given_the_base_url(server, expected, monke
     [
         ({"truncation_direction": "right"}, 200, None),
         ({"truncation_direction": "Right"}, 200, None),
-        ({"truncation_direction": "left"}, 422, "truncation_direction: Value error, 'left' is not supported"),
+        ({"truncation_direction": "left"}, 422, "truncation_direction: 'left' is not supported"),
         ({"prompt_name": "query"}, 422, "prompt_name 'query' is not one of model"),
         ({"prompt_name": None}, 200, None),
     ],

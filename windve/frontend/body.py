@@ -54,14 +54,22 @@ def _codings(header: str) -> list[str]:
 
 def _decoded(body: bytes, coding: str, limit: int) -> bytes:
     """`body` with `coding` taken off, never more than `limit` bytes of it (a small body may inflate
-    a thousandfold)."""
-    decoder = zlib.decompressobj(_CODINGS[coding])
-    try:
-        decoded = decoder.decompress(body, limit + 1)
-    except zlib.error as exc:
-        raise ApiError(422, f"request body is not valid {coding} data: {exc}", VALIDATION) from None
-    if len(decoded) > limit:
-        raise ApiError(413, f"request body exceeds the limit of {limit} bytes once decoded ({coding})", TOO_LARGE)
-    if not decoder.eof:
-        raise ApiError(422, f"request body is not valid {coding} data: it ends before its stream does", VALIDATION)
-    return decoded
+    a thousandfold). A gzip body may hold several members, one after the other (RFC 1952 2.2), as
+    `gzip.decompress` reads them; anything else after the stream is an error, not ignored."""
+    decoded = b""
+    rest = body
+    while True:
+        decoder = zlib.decompressobj(_CODINGS[coding])
+        try:
+            decoded += decoder.decompress(rest, limit + 1 - len(decoded))  # never 0, zlib's "no limit"
+        except zlib.error as exc:
+            raise ApiError(422, f"request body is not valid {coding} data: {exc}", VALIDATION) from None
+        if len(decoded) > limit:
+            raise ApiError(413, f"request body exceeds the limit of {limit} bytes once decoded ({coding})", TOO_LARGE)
+        if not decoder.eof:
+            raise ApiError(422, f"request body is not valid {coding} data: it ends before its stream does", VALIDATION)
+        rest = decoder.unused_data
+        if not rest:
+            return decoded
+        if coding == "deflate":
+            raise ApiError(422, f"request body is not valid {coding} data: bytes follow its stream", VALIDATION)

@@ -47,6 +47,14 @@ class _TeiInputs(BaseModel):
     def texts(self) -> list[str]:
         return as_list(self.inputs)
 
+    @field_validator("inputs", mode="before")
+    @classmethod
+    def _texts_not_token_ids(cls, value: object) -> object:
+        # TEI also takes the model's token ids; here they would be read as a wrong type of text.
+        if _token_ids(value):
+            raise ValueError("token ids are not accepted, only texts")
+        return value
+
 
 class EmbedRequest(_TeiInputs):
     """text-embeddings-inference's `POST /embed`."""
@@ -91,6 +99,12 @@ class OpenAIEmbeddingRequest(BaseModel):
     dimensions: StrictInt | None = Field(None, description=_DIMENSIONS)
     user: StrictStr | None = None
 
+    @field_validator("encoding_format", mode="before")
+    @classmethod
+    def _null_is_the_default(cls, value: object) -> object:
+        # As for the other optional fields: clients that write unset fields as null send it so.
+        return "float" if value is None else value
+
     @property
     def texts(self) -> list[str]:
         return as_list(self.input)
@@ -100,8 +114,7 @@ class OpenAIEmbeddingRequest(BaseModel):
     def _texts_not_token_ids(cls, value: object) -> object:
         # OpenAI also takes token ids (tiktoken's); LangChain's OpenAIEmbeddings sends them by default,
         # and they mean nothing to another model's vocabulary, so say how to send texts instead.
-        items = value if isinstance(value, list) else [value]
-        if items and all(_is_token_id(i) or (isinstance(i, list) and i and _is_token_id(i[0])) for i in items):
+        if _token_ids(value):
             raise ValueError(
                 "token ids are not accepted, only texts (LangChain's OpenAIEmbeddings sends token ids "
                 "unless check_embedding_ctx_length=False)"
@@ -111,6 +124,12 @@ class OpenAIEmbeddingRequest(BaseModel):
 
 def _is_token_id(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _token_ids(value: object) -> bool:
+    """Whether an input field holds token ids: one list of them, or a list of such lists."""
+    items = value if isinstance(value, list) else [value]
+    return bool(items) and all(_is_token_id(i) or (isinstance(i, list) and i and _is_token_id(i[0])) for i in items)
 
 
 class OpenAIEmbedding(BaseModel):
@@ -188,7 +207,8 @@ def describe(exc: ValidationError) -> str:
         if error["type"] == "missing":
             return f"{loc[0]}: field required"
     loc = [str(part) for part in first["loc"] if part not in ("str", "list[str]")]
-    return f"{'.'.join(loc) or 'body'}: {first['msg']}"
+    message = first["msg"].removeprefix("Value error, ")  # pydantic's prefix for a validator's own message
+    return f"{'.'.join(loc) or 'body'}: {message}"
 
 
 def request_schema(model: type[BaseModel]) -> dict[str, Any]:
