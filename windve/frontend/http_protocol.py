@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import math
+import socket
 import sys
 import time
 from http import HTTPStatus
@@ -72,6 +73,7 @@ class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        _no_delay(transport)
         if getattr(self.server_state, "draining", False):  # accepted while the server drains (server.py)
             self._shutting_down = True
         stamp_arrivals(transport)
@@ -296,3 +298,17 @@ def _gate_of(app) -> OverloadGate | None:
 def _path(url: bytes) -> str:
     """The path of the request line's target, as far as the parser read it."""
     return url.split(b"?", 1)[0].decode("latin-1")
+
+
+def _no_delay(transport) -> None:
+    """TCP_NODELAY on the connection. asyncio sets it only on sockets it knows for TCP, and neither
+    listening socket here is one to it: a front end's comes from a descriptor (uvicorn's `fd`, read
+    as AF_UNIX), the one-process serve's from windve/listeners.py (protocol 0). Without it an answer,
+    written as its head and then its body, waited for the client's delayed ACK of the head: ~40 ms
+    on every request after the first on a kept-alive connection, which no server-side timer saw."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:  # not a TCP socket
+            pass
