@@ -14,7 +14,10 @@ import signal
 import socket
 import time
 
-from tests.servers import start_server
+import httpx
+import pytest
+
+from tests.servers import metric_sum, start_server
 
 
 def _answer(sock: socket.socket) -> bytes:
@@ -63,3 +66,27 @@ def test_a_request_sent_as_shutdown_begins_is_answered_and_the_connection_closed
         assert server.process.wait(60) == 0, server.log()[-2000:]
     finally:
         server.stop()
+
+
+def test_sigterm_during_the_warm_up_probe_is_a_stop_not_a_failed_start(tmp_path):
+    """The drain refused the probe's own requests, and the start had been reported as failed:
+    exit 1, "could not start: ShuttingDown", a pod deleted while it started ending as Error."""
+    # A longer SLO makes a longer probe (it grows its rounds toward the SLO), so that it is caught.
+    server = start_server(tmp_path, "--slo-seconds", "5", "--cache-size", "0", wait=False)
+    deadline = time.monotonic() + 120
+    probing = False
+    while time.monotonic() < deadline and server.process.poll() is None and not probing:
+        try:
+            metrics = httpx.get(server.url + "/metrics", timeout=5).text
+            healthy = httpx.get(server.url + "/health", timeout=5).status_code == 200
+        except httpx.HTTPError:
+            metrics, healthy = "", False
+        if healthy:
+            server.stop()
+            pytest.skip("the warm-up probe ended before it was seen: nothing to stop it in")
+        probing = metric_sum(metrics, "windve_requests_total") > 0  # the probe's answers, before ready
+        if not probing:
+            time.sleep(0.05)  # polling interval of a real condition, bounded by the deadline
+    assert probing, server.log()
+    assert server.stop() == 0, server.log()
+    assert "could not start" not in server.log() and "stopped before it was ready" in server.log()

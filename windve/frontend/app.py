@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 import windve
+from queue_manager.protocol import ShuttingDown
 from windve.cache import create_cache
 from windve.frontend.context import FrontEnd, start_local_front_end
 from windve.frontend.fallbacks import install_fallbacks
@@ -100,6 +101,11 @@ async def _start(
         await runtime.dispatcher.serving(address)
     except asyncio.CancelledError:
         raise
+    except ShuttingDown:
+        # SIGTERM came during the warm-up probe, whose requests the drain then refused: a stop, not
+        # a failed start (which had exited 1, "could not start", and a pod deleted then ended as Error).
+        log.info("stopped before it was ready")
+        return
     except Exception as error:  # noqa: BLE001 - reported through /health and the exit path
         log.exception("the service could not start")
         app.state.startup_error = f"{type(error).__name__}: {error}"
