@@ -41,8 +41,8 @@ def make_plan(
 
     `device` picks the accelerator kind for automatic plans (auto = any detected, cpu = none).
     `reserved_cores` None applies the reservation rule (see devices.layout); a list is used as is.
-    A non-empty `explicit` list (settings `plan:`) replaces the automatic plan whatever
-    `cpu_layout` says; `cpu_layout="explicit"` without one is an error.
+    An `explicit` list (settings `plan:`) replaces the automatic plan whatever `cpu_layout` says
+    (an empty one is refused, not read as no plan); `cpu_layout="explicit"` without one is an error.
     """
     _check_choice("device", device, DEVICE_CHOICES)
     _check_choice("cpu_layout", cpu_layout, LAYOUT_CHOICES)
@@ -50,9 +50,11 @@ def make_plan(
     topology = hardware.topology
     notes: list[str] = []
 
-    if explicit or cpu_layout == "explicit":
-        if not explicit:
+    if explicit is not None or cpu_layout == "explicit":
+        if explicit is None:
             raise PlanError("cpu_layout=explicit needs a non-empty `plan:` list of instances in the config file")
+        if not explicit:
+            raise PlanError("the `plan:` list is empty: name at least one instance, or leave `plan:` out")
         if cpu_layout != "explicit":
             notes.append(f"the explicit `plan:` list replaces cpu_layout={cpu_layout}")
         reserved = layout.checked_cores(topology, reserved_cores or (), "reserved_cores")

@@ -370,11 +370,13 @@ def _pools_missing(calibration: Calibration, pools: Sequence[str]) -> str:
 def make_plan(settings: Settings, hardware: devices.Hardware) -> devices.Plan:
     # `plan: []` is an explicit plan too, and refused as empty, not read as no plan at all.
     explicit = None if settings.plan is None else [inst.model_dump() for inst in settings.plan]
+    # A `plan:` list replaces the layout; one that was set (not the default) gets a note saying so.
+    given = explicit is None or "cpu_layout" in settings.model_fields_set
     return devices.make_plan(
         hardware,
         device=settings.device,
         heterogeneous=settings.heterogeneous,
-        cpu_layout="explicit" if explicit is not None else settings.cpu_layout,
+        cpu_layout=settings.cpu_layout if given else "explicit",
         reserved_cores=settings.reserved_cores,
         explicit=explicit,
         engine=settings.engine,

@@ -92,7 +92,7 @@ def _entry(**fields):
         ("vm2", [_entry(cores=[0])], {"reserved": [0]}, r"cores 0 are reserved_cores for the service"),
         ("vm2", [_entry(name="a"), _entry(name="a", cores=[0])], {}, r"two instances are named 'a'"),
         ("vm2", [_entry(device="cuda:0", engine="onnx")], {"gpu": True}, r"needs onnxruntime's CUDAExecutionProvider"),
-        ("vm2", [], {}, r"cpu_layout=explicit needs a non-empty `plan:` list"),
+        ("vm2", [], {}, r"the `plan:` list is empty"),
     ],
 )
 def test_invalid_explicit_plan_names_the_problem(hardware_for, machine, entries, extra, message) -> None:
@@ -108,6 +108,18 @@ def test_names_from_the_plan_setting_reach_the_instances(hardware_for, monkeypat
     settings = load_settings(cpu_layout="explicit")
     plan = make_plan(hardware_for("vm2"), cpu_layout="explicit", explicit=settings.plan)
     assert [i.name for i in plan.instances] == ["fast", "cpu-0"]
+
+
+def test_the_service_notes_that_a_plan_setting_replaced_the_layout(hardware_for, monkeypatch) -> None:
+    # The service had passed cpu_layout=explicit whenever `plan:` was set, so the note never came.
+    from windve.service import make_plan as service_plan
+
+    monkeypatch.setenv("WINDVE_PLAN", '[{"pool": "cpu", "cores": [1]}]')
+    plan = service_plan(load_settings(cpu_layout="tp"), hardware_for("vm2"))
+    assert plan.layout == "explicit"
+    assert any("replaces cpu_layout=tp" in note for note in plan.notes), plan.notes
+    # the default layout, not set by anyone, gets no note
+    assert not [note for note in service_plan(load_settings(), hardware_for("vm2")).notes if "replaces" in note]
 
 
 @pytest.mark.parametrize("name", ["", "has space", "-dash-first", "x" * 65])

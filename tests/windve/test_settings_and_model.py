@@ -193,4 +193,4 @@ def test_an_empty_plan_in_the_config_file_is_refused_not_ignored(tmp_path):
         [sys.executable, "-m", "windve.commands.serve", "--config", str(config)],
         capture_output=True, text=True, timeout=120, cwd=tmp_path,
     )  # fmt: skip
-    assert result.returncode == 2 and "needs a non-empty `plan:` list" in result.stderr, result.stderr
+    assert result.returncode == 2 and "the `plan:` list is empty" in result.stderr, result.stderr
