@@ -135,6 +135,11 @@ class Settings(BaseSettings):
             return [piece.strip() for piece in value.split(",")]  # each validated as an int
         return value
 
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _any_case(cls, value: Any) -> Any:
+        return value.lower() if isinstance(value, str) else value  # DEBUG, as Python's logging names it
+
     @field_validator("redis_url", mode="before")
     @classmethod
     def _redis_scheme(cls, value: Any) -> Any:
@@ -203,12 +208,16 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
     try:
         return Settings(**given)
     except ValidationError as exc:
-        raise SettingsError(describe_validation_error(exc)) from None
+        raise SettingsError(describe_validation_error(exc, given, _config_file.get())) from None
     finally:
         _config_file.reset(token)
 
 
-def describe_validation_error(exc: ValidationError) -> str:
+def describe_validation_error(
+    exc: ValidationError, given: dict[str, Any] | None = None, config_file: Path | None = None
+) -> str:
+    """One line per bad setting, naming where its value came from: `given` (flags), the
+    environment, or the config file, in that order of precedence."""
     lines = []
     for error in exc.errors():
         name = ".".join(str(part) for part in error["loc"]) or "settings"
@@ -217,6 +226,16 @@ def describe_validation_error(exc: ValidationError) -> str:
         if error["type"] == "extra_forbidden":  # only a file (or a caller) names a setting there is none of
             lines.append(f"unknown setting {name}: no such setting (`windve serve --help` lists them)")
             continue
-        env = f"WINDVE_{str(error['loc'][0]).upper()}" if error["loc"] else "WINDVE_"
-        lines.append(f"invalid setting {name} (env {env}): {error['msg']}{shown}")
+        field = str(error["loc"][0]) if error["loc"] else ""
+        lines.append(f"invalid setting {name} ({_source(field, given or {}, config_file)}): {error['msg']}{shown}")
     return "\n".join(lines)
+
+
+def _source(field: str, given: dict[str, Any], config_file: Path | None) -> str:
+    env = f"WINDVE_{field.upper()}"
+    if field in given:
+        return f"flag --{field.replace('_', '-')}"
+    if os.environ.get(env):
+        return f"env {env}"
+    path = config_file or os.environ.get("WINDVE_CONFIG")
+    return f"config file {path}" if path else f"env {env}"

@@ -99,6 +99,24 @@ def test_a_matryoshka_dims_flag_takes_a_comma_list():
         load_settings(matryoshka_dims="64,big")
 
 
+def test_a_bad_value_names_where_it_came_from(tmp_path, monkeypatch):
+    # Every message had said "(env WINDVE_CPU_DEPTH)", whether the value came from a flag or a file.
+    config = tmp_path / "bad.yaml"
+    config.write_text("cpu_depth: 0\n")
+    with pytest.raises(SettingsError, match=r"cpu_depth \(config file .*bad.yaml\)"):
+        load_settings(config_file=config)
+    monkeypatch.setenv("WINDVE_CPU_DEPTH", "0")
+    with pytest.raises(SettingsError, match=r"cpu_depth \(env WINDVE_CPU_DEPTH\)"):
+        load_settings(config_file=config)
+    with pytest.raises(SettingsError, match=r"cpu_depth \(flag --cpu-depth\)"):
+        load_settings(cpu_depth="0")
+
+
+def test_log_level_takes_any_case(monkeypatch):
+    monkeypatch.setenv("WINDVE_LOG_LEVEL", "DEBUG")
+    assert load_settings().log_level == "debug"
+
+
 def test_unknown_key_in_config_file_is_named(tmp_path):
     config = tmp_path / "bad.yaml"
     config.write_text("slo_secs: 1\n")

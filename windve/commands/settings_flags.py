@@ -20,7 +20,8 @@ def add_settings_flags(parser: argparse.ArgumentParser) -> None:
         if name in FILE_ONLY:
             continue
         flag = "--" + name.replace("_", "-")
-        help_text = f"env WINDVE_{name.upper()} (default: {field.default!r})"
+        default = str(field.default) if isinstance(field.default, Path) else repr(field.default)
+        help_text = f"env WINDVE_{name.upper()} (default: {default})"
         if field.annotation is bool:
             parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
         else:
