@@ -53,6 +53,16 @@ def depth_from_calibration(calibration: Calibration, pool: str, slo: float, orig
     except KeyError:
         decision = decide_profile_depth(measured.samples, measured.fit, slo, headroom=calibration.headroom)
         depth, reason, token_budget = decision.depth, decision.reason, None
+        deepest = max((sample.concurrency for sample in measured.samples), default=0)
+        profiled = ", ".join(f"{entry.slo:g}" for entry in measured.depths)
+        if depth is not None and depth > deepest:
+            # Read off the line past every level measured (a calibration at 0.25 s and 32 clients gave
+            # 448 at 1 s): depth control, if adaptive, corrects it from live answers, no faster.
+            reason += f"; SLO {slo:g} s was not profiled (calibrated at {profiled} s), deepest level measured {deepest}"
+            log.warning(
+                "pool %s: depth %d at SLO %g s is read off the calibration's line past the deepest level it "
+                "measured (%d; calibrated at %s s): calibrate at this SLO", pool, depth, slo, deepest, profiled,
+            )  # fmt: skip
     if depth is None:
         log.warning("pool %s cannot meet the %.3g s SLO (%s): it takes no queries", pool, slo, reason)
     if measured.recheck is not None and not measured.recheck.steady:

@@ -107,6 +107,26 @@ def test_serve_warns_when_its_calibration_saw_the_machine_change_speed(again: fl
     assert ("1.30x its profile tail" in caplog.text) is warned
 
 
+@pytest.mark.parametrize(("slo", "warned"), [(1.0, True), (0.2, False)])
+def test_serve_warns_when_a_depth_at_another_slo_lies_past_every_level_measured(slo, warned, caplog) -> None:
+    from estimator.calibration import ModelIdentity, PoolCalibration, SloDepth
+    from estimator.fit import LinearFit
+    from windve.depths import depth_from_calibration
+
+    pool = PoolCalibration(
+        samples=(_level(1, 0.01), _level(8, 0.05), _level(32, 0.2)),
+        fit=LinearFit(0.006, 0.005, 0.99, 3),
+        profile_seconds=1.0,
+        depths=(SloDepth(0.25, 40, "floor(...)"),),
+    )
+    calibration = Calibration(ModelIdentity("m", "r"), "hw", (0.25,), 75, 3, {"cpu": pool}, headroom=0.1)
+    with caplog.at_level("WARNING", logger="windve.depths"):
+        source = depth_from_calibration(calibration, "cpu", slo, "calibration (file)")
+    assert source is not None and (source.depth > 32) is warned, source
+    assert ("past the deepest level it measured (32; calibrated at 0.25 s)" in caplog.text) is warned
+    assert ("was not profiled" in source.detail["reason"]) is warned
+
+
 # Batches of two keep the tail's steps small (~3 % of the SLO), so the settled level lands on it.
 FINE = ServiceTime(per_batch=0.004, per_query=0.008, max_batch_size=2)
 FINE_SLOWER = ServiceTime(per_batch=0.0052, per_query=0.0104, max_batch_size=2)
