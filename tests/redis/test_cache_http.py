@@ -54,6 +54,13 @@ def test_cache_control_keeps_a_request_out_of_the_cache(local_cache_server):
     assert dispatched(url) == queued + 2  # a hit
     fresh = httpx.post(url + "/embed", json=private, headers={"cache-control": "max-age=0, No-Cache"})
     assert fresh.content == kept_out.content and dispatched(url) == queued + 3  # not read from the cache
+    # as HTTP caches read them (they had been answered from the cache): max-age=0 alone, and
+    # HTTP/1.0's Pragma where there is no Cache-Control
+    for headers in ({"Cache-Control": "max-age=0"}, {"Pragma": "no-cache"}):
+        assert httpx.post(url + "/embed", json=private, headers=headers).content == kept_out.content
+    assert dispatched(url) == queued + 5
+    httpx.post(url + "/embed", json=private, headers={"Cache-Control": "max-age=60"})
+    assert dispatched(url) == queued + 5  # a hit
 
 
 @pytest.fixture

@@ -86,7 +86,7 @@ class EmbeddingPipeline:
         texts = self.prompted(texts, prompt_name)
         truncate = self.settings.truncate if truncate is None else truncate
         keys = self._cache_keys(texts, normalize, truncate)
-        use = cache_use(request.headers.get("cache-control", ""))
+        use = cache_use(request.headers.get("cache-control"), request.headers.get("pragma", ""))
         vectors, missing = await self._cached(keys if use.read else None, len(texts))
         release_pass(request.scope)  # this request's own room check, next, counts what it needs
         if missing:
@@ -181,12 +181,18 @@ class CacheUse(NamedTuple):
     write: bool
 
 
-def cache_use(cache_control: str) -> CacheUse:
+def cache_use(cache_control: str | None, pragma: str = "") -> CacheUse:
     """What a request's `Cache-Control` lets the embedding cache do, as HTTP caches read it:
-    `no-cache`, answer from the model rather than the cache; `no-store`, keep none of these texts
-    or vectors (texts that must not sit in a shared Redis; the warm-up probe's random ones)."""
-    directives = {part.split("=", 1)[0].strip().lower() for part in cache_control.split(",")}
-    return CacheUse(read="no-cache" not in directives, write="no-store" not in directives)
+    `no-cache` or `max-age=0`, answer from the model rather than the cache; `no-store`, keep none
+    of these texts or vectors (texts that must not sit in a shared Redis; the warm-up probe's random
+    ones). `Pragma: no-cache` (HTTP/1.0) counts as `no-cache` where there is no `Cache-Control`
+    (RFC 9111 5.4)."""
+    if cache_control is None:
+        cache_control = "no-cache" if "no-cache" in pragma.lower() else ""
+    directives = {part.strip().lower().replace(" ", "") for part in cache_control.split(",")}
+    names = {directive.split("=", 1)[0] for directive in directives}
+    fresh = "no-cache" in names or "max-age=0" in directives
+    return CacheUse(read=not fresh, write="no-store" not in names)
 
 
 def arrival(scope) -> float:
