@@ -184,3 +184,28 @@ def test_health_is_answered_by_the_protocol_as_the_route_would(served):
     ]  # fmt: skip
     assert data.startswith(b"HTTP/1.1 503 ") and data.endswith(b"\r\n\r\n")  # HEAD: no body
     assert app.seen == []  # no request task, no app
+
+
+class SlowApp(RecordingApp):
+    """Answers after `hold` seconds: a handler longer than the keep-alive timeout."""
+
+    hold = 1.5
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            await asyncio.sleep(self.hold)  # the handler's work, which outlasts the 1 s keep-alive timeout
+        await super().__call__(scope, receive, send)
+
+
+def test_a_request_pipelined_behind_an_early_health_answer_is_not_cut_off_by_keep_alive():
+    """/health answered by the protocol armed uvicorn's keep-alive timer, and the POST parsed from
+    the same bytes ran under it: the connection was closed under its handler, the answer lost."""
+    app = SlowApp()
+    app.dispatcher.full = None  # room
+    gate = OverloadGate(app)
+    with uvicorn_in_thread(gate, http=JsonErrorHttpToolsProtocol, loop="asyncio", timeout_keep_alive=1) as (_, port):
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as client:
+            client.sendall(b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n" + post("/embed", BODY))
+            answers = read_answers(client, 2)
+    assert [status for status, _, _ in answers] == [200, 200], answers
+    assert app.seen == ["/embed"]

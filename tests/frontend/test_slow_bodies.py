@@ -1,7 +1,7 @@
 """A client slow to send its body holds no room: the gate's pass lapses while the body is awaited.
 
-Four clients that sent a head and part of a body had made a service of depth 4, its pool idle,
-answer 429 to every other request for as long as they kept their connections open."""
+Four clients that sent a head (and part of a body, or none of it) had made a service of depth 4,
+its pool idle, answer 429 to every other request for as long as they kept their connections open."""
 
 from __future__ import annotations
 
@@ -10,11 +10,13 @@ import socket
 import time
 
 import httpx
+import pytest
 
 from tests.servers import read_answers, start_server
 
 
-def test_clients_slow_to_send_their_bodies_hold_no_room_and_are_answered(tmp_path):
+@pytest.mark.parametrize("sent", [0, 10], ids=["head only", "part of the body"])
+def test_clients_slow_to_send_their_bodies_hold_no_room_and_are_answered(tmp_path, sent):
     server = start_server(tmp_path, "--cpu-depth", "4", "--depth-control", "static", "--cache-size", "0")
     slow: list[socket.socket] = []
     try:
@@ -22,7 +24,7 @@ def test_clients_slow_to_send_their_bodies_hold_no_room_and_are_answered(tmp_pat
         head = f"POST /embed HTTP/1.1\r\nHost: t\r\nContent-Length: {len(body)}\r\n\r\n"
         for _ in range(4):
             sock = socket.create_connection(("127.0.0.1", server.port), timeout=60)
-            sock.sendall(head.encode() + body[:10])
+            sock.sendall(head.encode() + body[:sent])
             slow.append(sock)
         # Until each slow request's handler has read its part of the body, it may hold a pass: a
         # bounded poll for the condition. Before the fix every answer here was 429.
@@ -34,7 +36,7 @@ def test_clients_slow_to_send_their_bodies_hold_no_room_and_are_answered(tmp_pat
                 time.sleep(0.05)  # polling interval of a real condition, bounded by the deadline
         assert statuses[-1:] == [200], statuses
         for sock in slow:
-            sock.sendall(body[10:])
+            sock.sendall(body[sent:])
         answers = [read_answers(sock, 1) for sock in slow]
         assert [answer[0][0] for answer in answers] == [200] * 4, answers
         assert all(len(json.loads(answer[0][2])[0]) == 384 for answer in answers)

@@ -8,7 +8,7 @@ gate answers 429 / 503 in the route's error shape without reading the body. A re
 lets through still meets the exact room check and admission in the request path.
 
 A request let through holds a pass until its handler reaches that room check (or ends, or waits
-for the rest of its body from the client, windve/frontend/body.py): the
+for the rest of its body from the client: http_protocol.py, body.py): the
 gate lets through only as many as the room less the passes held. The room is taken at
 admission, a loop step or more after the gate let the request in; without the passes, every
 request read in the step after room freed went through, and all but the first few were

@@ -39,7 +39,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from windve.frontend.arrival_stamps import stamp_arrivals
 from windve.frontend.errors import MALFORMED, TOO_LARGE, ApiError, json_response
 from windve.frontend.gate import OverloadGate
-from windve.frontend.pipeline import ARRIVED, BUSY_ANSWERED, LANE_WAIT
+from windve.frontend.pipeline import ARRIVED, BUSY_ANSWERED, LANE_WAIT, release_pass
 from windve.frontend.routes import HEALTH_PATHS, health_answer
 from windve.frontend.slow_lane import PATIENCE, peer_closed, waiting_since
 
@@ -101,9 +101,19 @@ class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
         if (beat := getattr(self.loop, "beat", None)) is not None:
             beat.progress()  # the loop reads: slow maybe, not stalled (windve.heartbeat)
         super().data_received(data)
+        cycle = self.cycle
+        if cycle is not None and cycle.more_body and not cycle.response_complete:
+            # The rest of its body is the client's to send, maybe never: the gate's pass (taken at
+            # the headers) must not hold room meanwhile. Clients that sent only the head of a POST
+            # had made the service answer 429 to everyone while its pool stood idle.
+            release_pass(cycle.scope)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        # A request begins: the keep-alive timer an answer made here armed (on_message_complete)
+        # no longer applies. A request pipelined behind an early /health ran under it, and the
+        # connection was closed under its handler 5 s on.
+        self._unset_keepalive_if_required()
         # When its bytes arrived, where the loop is the front end's (event_loop.py): this request
         # may have waited for the select and behind the step's other sockets, which the parse
         # time would leave out.
