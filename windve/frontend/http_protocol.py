@@ -39,6 +39,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from windve.frontend.arrival_stamps import stamp_arrivals
 from windve.frontend.errors import MALFORMED, TOO_LARGE, ApiError, json_response
 from windve.frontend.gate import OverloadGate
+from windve.frontend.head_limits import HEAD_SECONDS, MAX_HEAD_BYTES, HeadGuard
 from windve.frontend.pipeline import ARRIVED, BUSY_ANSWERED, LANE_WAIT, release_pass
 from windve.frontend.routes import HEALTH_PATHS, health_answer
 from windve.frontend.slow_lane import PATIENCE, peer_closed, waiting_since
@@ -74,6 +75,8 @@ class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
     def connection_made(self, transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         _no_delay(transport)
+        self._head = HeadGuard(self.loop, self._head_timed_out)
+        self._head.begin()
         if getattr(self.server_state, "draining", False):  # accepted while the server drains (server.py)
             self._shutting_down = True
         stamp_arrivals(transport)
@@ -92,6 +95,7 @@ class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
             read()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._head.done()
         if (unwatch := getattr(self.loop, "unwatch_arrivals", None)) is not None:
             unwatch(self._watched)
             self._watched = None
@@ -100,7 +104,11 @@ class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if (beat := getattr(self.loop, "beat", None)) is not None:
             beat.progress()  # the loop reads: slow maybe, not stalled (windve.heartbeat)
+        heads = self._head.heads
         super().data_received(data)
+        if self._head.read(len(data), heads) and not self.transport.is_closing():
+            self._refuse_head(431, f"the request's line and headers exceed {MAX_HEAD_BYTES} bytes")
+            return
         cycle = self.cycle
         if cycle is not None and cycle.more_body and not cycle.response_complete:
             # The rest of its body is the client's to send, maybe never: the gate's pass (taken at
@@ -114,6 +122,7 @@ class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
         # no longer applies. A request pipelined behind an early /health ran under it, and the
         # connection was closed under its handler 5 s on.
         self._unset_keepalive_if_required()
+        self._head.begin()
         # When its bytes arrived, where the loop is the front end's (event_loop.py): this request
         # may have waited for the select and behind the step's other sockets, which the parse
         # time would leave out.
@@ -126,6 +135,7 @@ class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
         self.scope[ARRIVED] = arrived  # type: ignore[literal-required]
 
     def on_headers_complete(self) -> None:
+        self._head.done()
         if not (self._health_early() or self._refuse_early()):
             super().on_headers_complete()
             if self._shutting_down and self.cycle is not None:
@@ -254,6 +264,22 @@ class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
         # A client that has gone (it timed out and closed) costs a read, but it is not a client
         # waiting for its answer: the ones behind it are released in the same step.
         return waited_since is not None and not peer_closed(self.transport)
+
+    def _head_timed_out(self) -> None:
+        """No complete head within HEAD_SECONDS: 408 for a request begun, a silent close for none."""
+        if self.transport.is_closing():
+            return
+        if self.cycle is not None and not self.cycle.response_complete:
+            self._head.begin()  # a head pipelined behind a request still answered: its time starts after
+            return
+        if self._head.received or getattr(self, "url", b""):
+            self._refuse_head(408, f"the request's line and headers did not arrive within {HEAD_SECONDS:g} s")
+        else:
+            self.transport.close()
+
+    def _refuse_head(self, status: int, message: str) -> None:
+        response = ApiError(status, message, MALFORMED).response_for(_path(getattr(self, "url", b"") or b"/"))
+        self._write(_status_and_headers(response), response.body, keep_alive=False)
 
     def send_400_response(self, msg: str) -> None:
         # uvicorn calls this while handling the parser's exception, which says what was wrong.

@@ -1,0 +1,60 @@
+"""A request's head is bounded in size (431) and in the time it takes to come (408, or a silent
+close for a connection that sent nothing), as hyper and nginx bound it; uvicorn's httptools
+protocol read a header that never ended for as long as it came, and kept a connection that sent
+part of a head, or nothing, open for ever."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+
+from tests.frontend.test_early_refusal import BODY, RecordingApp, post
+from tests.servers import read_answers, uvicorn_in_thread
+from windve.frontend import head_limits
+from windve.frontend.gate import OverloadGate
+from windve.frontend.http_protocol import JsonErrorHttpToolsProtocol
+
+
+@pytest.fixture
+def served(monkeypatch):
+    monkeypatch.setattr(head_limits, "HEAD_SECONDS", 0.5)
+    app = RecordingApp()
+    app.dispatcher.full = None  # room
+    with uvicorn_in_thread(OverloadGate(app), http=JsonErrorHttpToolsProtocol, loop="asyncio") as (_, port):
+        yield app, port
+
+
+def test_a_head_over_the_limit_is_431_and_the_connection_closed(served):
+    app, port = served
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as client:
+        client.sendall(b"POST /embed HTTP/1.1\r\nHost: t\r\nX-Long: ")
+        with pytest.raises(OSError):  # the server closes once it has answered, while this still sends
+            for _ in range(64):  # up to 4 MiB of one header value that never ends
+                client.sendall(b"a" * 65536)
+        answers = read_answers(client, 1)
+    assert [status for status, _, _ in answers] == [431], answers
+    assert "exceed" in json.loads(answers[0][2])["error"]
+    assert app.seen == []
+
+
+def test_a_head_that_stops_coming_is_408_and_a_silent_connection_is_closed(served):
+    app, port = served
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as partial:
+        partial.sendall(b"POST /embed HTTP/1.1\r\nHost: t\r\nContent-Le")
+        answers = read_answers(partial, 1)  # the server answers, then closes
+        assert partial.recv(1) == b""
+    assert [status for status, _, _ in answers] == [408], answers
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as silent:
+        assert silent.recv(1) == b""  # closed with no answer: it asked nothing
+    assert app.seen == []
+
+
+def test_heads_within_bounds_and_pipelined_bodies_are_served(served):
+    app, port = served
+    big = json.dumps({"inputs": "x" * 200_000}).encode()  # bodies are not heads: a pipeline of large ones
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as client:
+        client.sendall(post("/embed", big) + post("/embed", big) + post("/embed", BODY))
+        answers = read_answers(client, 3)
+    assert [status for status, _, _ in answers] == [200, 200, 200], answers
