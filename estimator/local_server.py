@@ -66,6 +66,17 @@ async def _stop(process: subprocess.Popen, timeout: float) -> None:
         await asyncio.to_thread(process.wait)
 
 
+def _stop_now(process: subprocess.Popen, timeout: float) -> None:
+    """`_stop`, blocking: the way out of a cancelled stop must not leave the server running."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 @asynccontextmanager
 async def local_server(
     command: Callable[[int], Sequence[str]],
@@ -83,4 +94,8 @@ async def local_server(
             await _wait_healthy(url, process, log, start_timeout)
             yield url
         finally:
-            await _stop(process, stop_timeout)
+            try:
+                await _stop(process, stop_timeout)
+            except asyncio.CancelledError:  # cancelled again while stopping (SIGTERM's re-cancel): finish here
+                _stop_now(process, stop_timeout)
+                raise

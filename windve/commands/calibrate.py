@@ -259,11 +259,34 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _until_terminated(work: Awaitable[Calibration]) -> Calibration:
-    """`work`, cancelled by SIGTERM as Ctrl-C cancels it: the `windve serve` it started for a pool
-    is stopped on the way out, not left running without its parent (a Job's pod deleted, a
-    `kill`)."""
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)
-    return await work
+    """`work`, cancelled by SIGTERM as Ctrl-C cancels it (CancelledError): the `windve serve` it
+    started for a pool is stopped on the way out, not left running without its parent (a Job's
+    pod deleted, a `kill`).
+
+    A cancellation can be lost on its way: one that met the health check's HTTP request just as it
+    was answered was swallowed, and the whole profile then ran on after the SIGTERM (a loaded
+    machine, once in six tries). So the work is cancelled again every RECANCEL_SECONDS until it
+    ends; the servers' stop finishes whatever cancels it (estimator.local_server)."""
+    task = asyncio.ensure_future(work)
+    terminated = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, terminated.set)
+    signalled = asyncio.ensure_future(terminated.wait())
+    try:
+        await asyncio.wait({task, signalled}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:  # Ctrl-C: the work goes with it
+        task.cancel()
+        raise
+    finally:
+        signalled.cancel()
+    if not terminated.is_set():
+        return task.result()
+    while not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=RECANCEL_SECONDS)
+    raise asyncio.CancelledError
+
+
+RECANCEL_SECONDS = 2.0
 
 
 def _fail(error: Exception, code: int) -> int:
