@@ -56,18 +56,8 @@ async def _wait_healthy(url: str, process: subprocess.Popen, log: IO[bytes], tim
     raise ServerStartError(f"the server did not answer {url}/health within {timeout:g} s:\n{_output(log)}")
 
 
-async def _stop(process: subprocess.Popen, timeout: float) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-    try:
-        await asyncio.to_thread(process.wait, timeout)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        await asyncio.to_thread(process.wait)
-
-
-def _stop_now(process: subprocess.Popen, timeout: float) -> None:
-    """`_stop`, blocking: the way out of a cancelled stop must not leave the server running."""
+def _stop(process: subprocess.Popen, timeout: float) -> None:
+    """SIGTERM, then SIGKILL after `timeout` seconds; blocking until the server has exited."""
     if process.poll() is None:
         process.send_signal(signal.SIGTERM)
     try:
@@ -95,7 +85,7 @@ async def local_server(
             yield url
         finally:
             try:
-                await _stop(process, stop_timeout)
+                await asyncio.to_thread(_stop, process, stop_timeout)
             except asyncio.CancelledError:  # cancelled again while stopping (SIGTERM's re-cancel): finish here
-                _stop_now(process, stop_timeout)
+                _stop(process, stop_timeout)
                 raise

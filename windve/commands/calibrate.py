@@ -258,6 +258,9 @@ def run(args: argparse.Namespace) -> int:
     return _write_outputs(args, calibration, args.redis_url or settings.redis_url)
 
 
+RECANCEL_SECONDS = 2.0  # between cancellations of a calibration that a SIGTERM has not ended yet
+
+
 async def _until_terminated(work: Awaitable[Calibration]) -> Calibration:
     """`work`, cancelled by SIGTERM as Ctrl-C cancels it (CancelledError): the `windve serve` it
     started for a pool is stopped on the way out, not left running without its parent (a Job's
@@ -285,8 +288,6 @@ async def _until_terminated(work: Awaitable[Calibration]) -> Calibration:
         await asyncio.wait({task}, timeout=RECANCEL_SECONDS)
     raise asyncio.CancelledError
 
-
-RECANCEL_SECONDS = 2.0
 
 
 def _fail(error: Exception, code: int) -> int:
