@@ -98,6 +98,9 @@ class Settings(BaseSettings):
     # on two cores shared by four niced front ends, engines and wrk, loops went 1-3 s unscheduled
     # at 10x the depth (bench/SERVED.md), and a false kill drops every connection it holds.
     frontend_heartbeat_timeout_seconds: float = Field(30.0, gt=0)
+    # A front end that does not serve this long after its start (imports, the tokenizer, its link
+    # to the dispatcher) = hung: the connections the kernel hashes to its socket would wait for ever.
+    frontend_start_timeout_seconds: float = Field(120.0, gt=0)
 
     # Devices
     device: Literal["auto", "cpu", "cuda", "npu"] = "auto"

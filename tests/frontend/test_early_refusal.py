@@ -18,7 +18,7 @@ from queue_manager.protocol import Busy, ShuttingDown
 from tests.servers import read_answers, uvicorn_in_thread
 from windve.frontend.gate import OverloadGate
 from windve.frontend.http_protocol import JsonErrorHttpToolsProtocol
-from windve.frontend.pipeline import ARRIVED
+from windve.frontend.pipeline import ARRIVED, refusal
 
 
 class Dispatcher:
@@ -209,3 +209,22 @@ def test_a_request_pipelined_behind_an_early_health_answer_is_not_cut_off_by_kee
             answers = read_answers(client, 2)
     assert [status for status, _, _ in answers] == [200, 200], answers
     assert app.seen == ["/embed"]
+
+
+def test_a_draining_service_closes_a_kept_alive_connection_after_its_429(served):
+    """The dispatcher says draining before this front end has its SIGTERM (the board is published
+    first): its 429s had kept HTTP/1.1 connections open, and their clients asked this replica again."""
+    app, port = served
+    app.dispatcher.full = ShuttingDown(retry_after=1.0)
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(post("/embed", BODY))
+        ((status, headers, _),) = read_answers(sock, 1)
+        assert sock.recv(1) == b""  # closed after the answer
+    assert status == 429 and headers["connection"] == "close"
+
+
+def test_the_asgi_gates_shutting_down_answer_closes_too():
+    error = refusal(ShuttingDown(retry_after=1.0))
+    for path in ("/embed", "/v1/embeddings"):
+        assert error.response_for(path).headers["connection"] == "close"
+    assert "connection" not in refusal(Busy(retry_after=1.0)).response_for("/embed").headers

@@ -7,7 +7,9 @@ and runs the dispatcher on its own loop. A pool that needs the warm-up probe is 
 here once every front end serves, over HTTP on that port (windve.probe); /health says ok
 after. A front end that dies is replaced, and the queries it had admitted are cancelled; no other
 front end's query is touched. So is one that serves and then stops stamping its heartbeat board
-for `frontend_heartbeat_timeout_seconds` (a stalled event loop, a SIGSTOP): it is killed first.
+for `frontend_heartbeat_timeout_seconds` (a stalled event loop, a SIGSTOP), or that does not
+serve within `frontend_start_timeout_seconds` of its start (a hung import or file system): it is
+killed first. Replacements follow a back-off, which starts afresh after one that lived a minute.
 Its listening socket stays here, so the connections the kernel hashed to it wait for its
 replacement rather than for ever. SIGTERM drains: the
 board says draining (new requests get BUSY), every front end finishes what it admitted and
@@ -41,6 +43,7 @@ from windve.settings import Settings
 log = logging.getLogger("windve.dispatcher")
 
 RESTART_BACKOFF = (0.5, 1.0, 2.0, 5.0)
+STABLE_SECONDS = 60.0  # a front end that lived this long before it exited starts the back-off afresh
 FRONT_ENDS_START_SECONDS = 60.0  # the warm-up probe waits this long at most for every front end to serve
 WATCH_SECONDS = 0.25  # how often the keeper of a front end looks at its heartbeat
 
@@ -54,6 +57,13 @@ def front_ends_niceness(setting: int | None, own_cores: bool) -> int:
     if own_cores:
         return 0
     return 0 if setting is None else setting
+
+
+def failures_after(failures: int, lived: float) -> int:
+    """The count of failures in a row once a front end that lived `lived` seconds exited: one that
+    ran for a while starts a new series (its replacement starts at the first back-off), as a
+    crash a day after the last is not one more in a loop of them."""
+    return 1 if lived >= STABLE_SECONDS else failures + 1
 
 
 class Supervisor:
@@ -196,10 +206,11 @@ class Supervisor:
                     env=os.environ | {"PROMETHEUS_MULTIPROC_DIR": str(workdir / "metrics")},
                 )
                 self._fronts[index] = process
+                started = time.monotonic()
                 code = await self._watch(index, process, heartbeat, server)
                 if self.stopping:
                     return
-                failures += 1
+                failures = failures_after(failures, lived=time.monotonic() - started)
                 await self._replace(index, process, code, failures, workdir, server)
         finally:
             heartbeat.close()
@@ -207,11 +218,13 @@ class Supervisor:
     async def _watch(
         self, index: int, process: asyncio.subprocess.Process, heartbeat: HeartbeatBoard, server: DispatcherServer
     ) -> int:
-        """Until the front end exits (its code). One that serves and stops beating is killed: not
-        before it serves, since a start (imports, the tokenizer) may hold its loop for seconds on a
-        busy host, and not while the service drains, which has its own bound."""
+        """Until the front end exits (its code). One that serves and stops beating is killed, and so
+        is one that does not serve within its start bound. Its heartbeat is not read before it
+        serves, since a start (imports, the tokenizer) may hold its loop for seconds on a busy
+        host; neither bound holds while the service drains, which has its own."""
         identity = messages.front_end_identity(process.pid)
         timeout = self.settings.frontend_heartbeat_timeout_seconds
+        start_bound = time.monotonic() + self.settings.frontend_start_timeout_seconds
         exited = asyncio.ensure_future(process.wait())
         killed = False
         try:
@@ -219,15 +232,20 @@ class Supervisor:
                 done, _ = await asyncio.wait({exited}, timeout=WATCH_SECONDS)
                 if done:
                     return exited.result()
-                if killed or self.stopping or identity not in server.serving:
+                if killed or self.stopping:
+                    continue
+                if identity not in server.serving:
+                    if time.monotonic() > start_bound:
+                        log.error("front end %d (pid %d) does not serve %g s after its start "
+                                  "(frontend_start_timeout_seconds): killed",
+                                  index, process.pid, self.settings.frontend_start_timeout_seconds)
+                        killed = _kill(process)
                     continue
                 silent = heartbeat.age()
                 if silent > timeout:
                     log.error("front end %d (pid %d) silent for %.1f s (frontend_heartbeat_timeout_seconds %g): killed",
                               index, process.pid, silent, timeout)
-                    with contextlib.suppress(ProcessLookupError):
-                        process.kill()
-                    killed = True
+                    killed = _kill(process)
         finally:
             exited.cancel()  # done already, unless the keeper itself is cancelled
 
@@ -245,6 +263,12 @@ class Supervisor:
             index, process.pid, code, cancelled, delay,
         )
         await asyncio.sleep(delay)  # back-off before a restart, not a wait for a condition
+
+
+def _kill(process: asyncio.subprocess.Process) -> bool:
+    with contextlib.suppress(ProcessLookupError):
+        process.kill()
+    return True
 
 
 def _mark_metrics_dead(pid: int, directory: Path) -> None:

@@ -174,7 +174,8 @@ class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
         # Retry-After is whole seconds on the wire: key the cache by what is sent.
         retry = None if error.retry_after is None else max(1, math.ceil(error.retry_after))
         rendered = _rendered(error.status, error.message, error.error_type, retry, path)
-        self._refused = (*rendered, self._keep_alive(), True)
+        keep_alive = self._keep_alive() and "Connection" not in error.extra_headers  # _write says close
+        self._refused = (*rendered, keep_alive, True)
         return True
 
     def on_body(self, body: bytes) -> None:

@@ -27,6 +27,7 @@ ARRIVED = "windve.arrived"  # scope key: time.perf_counter() when the request's 
 GATE_PASS = "windve.gate_pass"  # scope key: the overload gate's pass of a request it let through (gate.py)
 BUSY_ANSWERED = "windve.busy_answered"  # scope key: answered BUSY (the HTTP protocol parks the connection)
 LANE_WAIT = "windve.lane_wait"  # scope key: the request waited in its socket in the slow lane (slow_lane.py)
+CLOSE = {"Connection": "close"}  # an answer's header: the connection closes after it
 
 
 class ClientGone(Exception):
@@ -214,10 +215,11 @@ def refusal(exc: Busy | Unavailable) -> ApiError:
     if isinstance(exc, Unavailable):
         return ApiError(503, str(exc), UNHEALTHY, retry_after=exc.retry_after)
     if isinstance(exc, ShuttingDown):
+        # The connection closes with it: a client that keeps it would ask this replica again,
+        # which refuses everything from now on, instead of reconnecting to one that serves.
         message = "the service is shutting down; retry on another replica"
-    else:
-        message = "model is overloaded: every queue is full"
-    return ApiError(429, message, OVERLOADED, retry_after=exc.retry_after)
+        return ApiError(429, message, OVERLOADED, retry_after=exc.retry_after, headers=CLOSE)
+    return ApiError(429, "model is overloaded: every queue is full", OVERLOADED, retry_after=exc.retry_after)
 
 
 async def _until_disconnect(request: Request) -> None:
