@@ -54,4 +54,5 @@ EXPOSE 8080
 HEALTHCHECK --interval=30s --timeout=5s --start-period=300s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/health' % os.environ.get('WINDVE_PORT', '8080'), timeout=4)"]
 ENTRYPOINT ["windve"]
-CMD ["serve", "--host", "0.0.0.0"]
+# The host comes from WINDVE_HOST above (a flag here would override `docker run -e WINDVE_HOST=::`).
+CMD ["serve"]
