@@ -57,7 +57,10 @@ def test_default_command_parses_with_the_real_cli() -> None:
 
     args = build_parser().parse_args(exec_form("CMD"))
     assert args.command == "serve"
-    assert args.host == "0.0.0.0"
+    # The host is the image's WINDVE_HOST: a --host here would override `docker run -e WINDVE_HOST=::`.
+    assert args.host is None
+    env = dict(re.findall(r"(\w+)=(\S+)", " ".join(rest for key, rest in instructions() if key == "ENV")))
+    assert env["WINDVE_HOST"] == "0.0.0.0"
 
 
 def test_chart_commands_parse_with_the_real_cli(releases: dict[str, Release]) -> None:
