@@ -111,6 +111,11 @@ class ModelSpec:
     prompts: tuple[tuple[str, str], ...] = ()  # (name, text put in front of an input), as saved
     default_prompt_name: str | None = None  # applied where a request names no prompt
     include_prompt: bool = True  # False: the model pools without its prompt's tokens
+    # Content hash of the files besides the weights that shape a vector (configs, tokenizer,
+    # remote code): with `revision`, the cache's model identity.
+    config_hash: str = ""
+    lower_case: bool = False  # sentence_bert_config.json do_lower_case: texts are lowercased first
+    truncation_side: str = "right"  # tokenizer_config.json: which end a truncated text loses
 
     def __post_init__(self) -> None:
         # Worker processes receive the spec as JSON (RankPlan): lists and dicts come back, rebuilt here.
@@ -192,6 +197,9 @@ def load_model_spec(
         dense=pipeline.dense,
         matryoshka_dims=dims,
         include_prompt=pipeline.include_prompt,
+        config_hash=_config_hash(path),
+        lower_case=bool(_module_config(path, "sentence_bert_config.json").get("do_lower_case", False)),
+        truncation_side=_truncation_side(path),
         **_prompts(path),
     )
 
@@ -366,6 +374,13 @@ def _max_seq_length(path: Path, config: dict) -> int:
     return limit
 
 
+def _truncation_side(path: Path) -> str:
+    side = _module_config(path, "tokenizer_config.json").get("truncation_side", "right")
+    if side not in ("left", "right"):
+        raise ModelError(f"model {path}: tokenizer_config.json truncation_side {side!r} is neither 'left' nor 'right'")
+    return side
+
+
 def _checked_matryoshka_dims(dims: Sequence[int], dim: int, what: str) -> tuple[int, ...]:
     bad = [value for value in dims if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= dim]
     if bad:
@@ -392,14 +407,34 @@ def _card_matryoshka_dims(path: Path, dim: int) -> tuple[int, ...]:
     return ()
 
 
+CONFIG_SUFFIXES = frozenset({".json", ".txt", ".model", ".py", ".tiktoken"})  # configs, vocabularies, code
+CONFIG_MAX_BYTES = 64 << 20
+
+
+def _config_hash(root: Path) -> str:
+    """Hash of the folder's configuration, tokenizer and code files, its modules' included: the
+    same weights pooled, truncated or tokenized otherwise give other vectors (a pooling changed
+    from mean to cls had served the cached mean vectors)."""
+    digest = hashlib.sha256()
+    for file in sorted(root.rglob("*")):
+        relative = file.relative_to(root)
+        if any(part.startswith(".") for part in relative.parts) or file.suffix not in CONFIG_SUFFIXES:
+            continue  # .git, .cache and other tools' folders; weights are the revision's
+        if file.is_file() and file.stat().st_size <= CONFIG_MAX_BYTES:
+            digest.update(f"{relative.as_posix()}:".encode())
+            digest.update(file.read_bytes())
+    return digest.hexdigest()[:8]
+
+
 def _weights_hash(root: Path, files: list[Path]) -> str:
-    """Hash of the weight files' size and first/last MiB: cheap, and changes with the weights."""
+    """Hash of the weight files' content, whole: any change to a weight changes the vectors, the
+    cache's keys and the ONNX export's name. The first and last MiB alone had missed weights
+    changed in a middle layer, and the cache and the export cache served the other model's
+    vectors. It costs about a second per GB read (sha256), once per process that loads the
+    model, where the model's own load takes longer."""
     digest = hashlib.sha256()
     for file in files:
-        size = file.stat().st_size
-        digest.update(f"{file.relative_to(root).as_posix()}:{size}".encode())
+        digest.update(f"{file.relative_to(root).as_posix()}:{file.stat().st_size}:".encode())
         with file.open("rb") as handle:
-            digest.update(handle.read(1 << 20))
-            handle.seek(max(0, size - (1 << 20)))
-            digest.update(handle.read(1 << 20))
+            digest.update(hashlib.file_digest(handle, "sha256").digest())
     return digest.hexdigest()[:16]

@@ -7,7 +7,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, normalizers
 
 from windve.model import ModelSpec
 
@@ -38,11 +38,12 @@ class TextTokenizer:
 
     def __init__(self, spec: ModelSpec, max_tokens: int | None = None) -> None:
         self.max_tokens = min(spec.max_seq_length, max_tokens or spec.max_seq_length)
-        self._tokenizer = load_fast_tokenizer(spec.path)
+        self._tokenizer = load_fast_tokenizer(spec.path, spec.lower_case)
         self._tokenizer.no_padding()
-        # Truncation keeps the closing special token; `overflowing` tells that it happened.
-        self._tokenizer.enable_truncation(self.max_tokens)
-        self._full = load_fast_tokenizer(spec.path)
+        # Truncation keeps the special tokens; `overflowing` tells that it happened. The side is the
+        # model's (a left-truncating model keeps a long text's end).
+        self._tokenizer.enable_truncation(self.max_tokens, direction=spec.truncation_side)
+        self._full = load_fast_tokenizer(spec.path, spec.lower_case)
         self._full.no_padding()
         self._full.no_truncation()
         post = self._full.post_processor
@@ -147,10 +148,19 @@ def _cut(texts: Sequence[str], size: int) -> Iterator[str]:
         yield text[start:]
 
 
-def load_fast_tokenizer(path: Path) -> Tokenizer:
+def load_fast_tokenizer(path: Path, lower_case: bool = False) -> Tokenizer:
+    """The model's fast tokenizer; with `lower_case` (the model's do_lower_case), lowercasing
+    first, as sentence-transformers puts a Lowercase in front of the tokenizer's normalizer (it
+    had been ignored: a cased vocabulary then embedded "What" as itself, not as "what")."""
     tokenizer_file = Path(path) / "tokenizer.json"
     if tokenizer_file.is_file():
-        return Tokenizer.from_file(str(tokenizer_file))
-    from transformers import AutoTokenizer
+        tokenizer = Tokenizer.from_file(str(tokenizer_file))
+    else:
+        from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(path, use_fast=True).backend_tokenizer
+        tokenizer = AutoTokenizer.from_pretrained(path, use_fast=True).backend_tokenizer
+    if lower_case:
+        present = tokenizer.normalizer
+        steps = [] if present is None else list(present) if isinstance(present, normalizers.Sequence) else [present]
+        tokenizer.normalizer = normalizers.Sequence([normalizers.Lowercase(), *steps])
+    return tokenizer

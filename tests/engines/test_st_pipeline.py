@@ -192,3 +192,54 @@ def test_matryoshka_dims_from_the_model_card_or_the_operator(dense_model, minilm
     for wrong in ([0], [129], [64, 12.5]):
         with pytest.raises(ModelError, match="between 1 and the output dimension 128"):
             load_model_spec(str(folder), matryoshka_dims=wrong)
+
+
+def unit(vectors: np.ndarray) -> np.ndarray:
+    """What the front end answers for a model that ends with Normalize (engines leave it to it)."""
+    return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+
+
+def cased(folder: Path) -> Path:
+    """The folder's WordPiece tokenizer made case-sensitive: "What" is no longer "what"."""
+    tokenizer = json.loads((folder / "tokenizer.json").read_text())
+    tokenizer["normalizer"]["lowercase"] = False
+    (folder / "tokenizer.json").write_text(json.dumps(tokenizer))
+    return folder
+
+
+def test_do_lower_case_lowercases_before_a_cased_tokenizer(minilm, tmp_path):
+    """sentence_bert_config.json's do_lower_case had been ignored: over a cased vocabulary every
+    text with a capital letter got another vector than sentence-transformers gives."""
+    folder = cased(copy(load_model_spec().path, tmp_path / "lower"))
+    config = json.loads((folder / "sentence_bert_config.json").read_text())
+    (folder / "sentence_bert_config.json").write_text(json.dumps(config | {"do_lower_case": True}))
+    spec = load_model_spec(str(folder))
+    assert spec.lower_case
+    tokenizer = TextTokenizer(spec)
+    assert [ids.tolist() for ids in tokenizer.encode(["What is WindVE?"], True)] == [
+        ids.tolist() for ids in tokenizer.encode(["what is windve?"], True)
+    ]
+    assert_matches(unit(embed(create_engine(spec, "torch", "cpu", "fp32"), spec)), reference(folder))
+    unlowered = load_model_spec(str(cased(copy(load_model_spec().path, tmp_path / "cased"))))
+    assert not unlowered.lower_case
+    (kept,), (lowered,) = TextTokenizer(unlowered).encode(["WindVE"], True), tokenizer.encode(["WindVE"], True)
+    assert kept.tolist() != lowered.tolist()
+
+
+def test_a_left_truncating_tokenizer_keeps_a_long_texts_end(tmp_path):
+    """tokenizer_config.json's truncation_side "left" had been ignored: texts over the limit kept
+    their start, where sentence-transformers keeps their end."""
+    folder = copy(load_model_spec().path, tmp_path / "left")
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps(config | {"truncation_side": "left"}))
+    sentence = json.loads((folder / "sentence_bert_config.json").read_text())
+    (folder / "sentence_bert_config.json").write_text(json.dumps(sentence | {"max_seq_length": 8}))
+    spec = load_model_spec(str(folder))
+    assert (spec.truncation_side, spec.max_seq_length) == ("left", 8)
+    (ids,) = TextTokenizer(spec).encode(["one two three four five six seven eight nine ten"], True)
+    (end,) = TextTokenizer(spec).encode(["five six seven eight nine ten"], True)
+    assert ids.tolist() == end.tolist()  # [CLS] ... [SEP] around the last six words
+    assert_matches(unit(embed(create_engine(spec, "torch", "cpu", "fp32"), spec)), reference(folder))
+    (folder / "tokenizer_config.json").write_text(json.dumps(config | {"truncation_side": "middle"}))
+    with pytest.raises(ModelError, match="truncation_side 'middle'"):
+        load_model_spec(str(folder))

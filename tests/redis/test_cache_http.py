@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import shutil
 
 import httpx
+import numpy as np
 import pytest
 
 from tests.servers import metric_sum, start_server
@@ -124,3 +127,31 @@ async def _resume(writer: str, reader: str, hits_before: float) -> bool:
                 return True
             await asyncio.sleep(0.2)  # the breaker's cool-down is 1-5 s; poll the real condition
     return False
+
+
+def test_replicas_whose_vectors_differ_share_no_entry(redis_server, model_spec, tmp_path):
+    """Same weights, same folder name, on one Redis: a replica that pools by CLS, or computes in
+    fp32, must not answer with the vectors another replica computed (it had: the key's revision
+    hashed the weights alone)."""
+    mean, cls = tmp_path / "a" / "encoder", tmp_path / "b" / "encoder"
+    for folder in (mean, cls):
+        shutil.copytree(model_spec.path, folder)
+    (cls / "1_Pooling" / "config.json").write_text(
+        json.dumps({"word_embedding_dimension": 384, "pooling_mode_cls_token": True, "pooling_mode_mean_tokens": False})
+    )
+    shared = ("--redis-url", redis_server.url)
+    text = {"inputs": "the same text asked of three replicas"}
+    replicas = [("--model", str(mean)), ("--model", str(cls)), ("--model", str(mean), "--dtype", "fp32")]
+    answers = []
+    for args in replicas:  # one after the other, on a Redis that keeps what each stored
+        server = start_server(tmp_path, *shared, *args)
+        try:
+            queued = dispatched(server.url)
+            answer = httpx.post(server.url + "/embed", json=text)
+            assert answer.status_code == 200, answer.text
+            assert dispatched(server.url) == queued + 1  # computed: no other replica's entry read
+            answers.append(np.array(answer.json()[0]))
+        finally:
+            server.stop()
+    assert float(answers[0] @ answers[1]) < 0.99  # mean and CLS pooling: other vectors
+    assert np.abs(answers[0] - answers[2]).max() < 0.01  # dtype auto and fp32: the same vector, nearly

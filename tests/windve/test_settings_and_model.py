@@ -178,6 +178,24 @@ def test_local_folder_model_and_cls_pooling(model_spec, tmp_path):
     )
     spec = load_model_spec(str(folder))
     assert spec.name == "my-model" and spec.pooling == "cls" and spec.revision == model_spec.revision
+    # Same weights, other vectors: the configuration's hash tells them apart (the cache's key and
+    # the ONNX export's name carry it).
+    assert spec.config_hash != model_spec.config_hash and len(spec.config_hash) == 8
+
+
+def test_the_revision_changes_with_weights_changed_only_in_the_middle(model_spec, tmp_path):
+    """A fine-tune of the middle layers keeps a file's size, header and last tensors: the revision
+    had hashed only the first and last MiB, and an ONNX export of the other model was reused."""
+    folder = tmp_path / "tuned"
+    shutil.copytree(model_spec.path, folder)
+    weights = folder / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    middle = len(data) // 2
+    data[middle : middle + 4096] = bytes(4096)  # a slice of one tensor, mid-file
+    weights.write_bytes(bytes(data))
+    spec = load_model_spec(str(folder))
+    assert spec.revision != model_spec.revision
+    assert spec.config_hash == load_model_spec(str(model_spec.path)).config_hash  # configs untouched
 
 
 def test_pickled_weights_are_refused(model_spec, tmp_path):

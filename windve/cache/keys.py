@@ -3,7 +3,10 @@
 `windve:emb:v1:{model}:{revision}:n{0|1}:t{0|1}:{sha256(text) hex}`. The text is hashed so a key
 has a fixed size whatever the text; model and revision stay readable so an operator can find
 or delete one model's entries (`SCAN MATCH windve:emb:v1:{model}:*`). `v1` names the value
-format (raw little-endian float32) so a future format never reads an old value.
+format (raw little-endian float32) so a future format never reads an old value. The service's
+"revision" is everything besides the text that made the vector: the weights' hash, the
+configuration's (pooling, tokenizer), the engine and dtype settings and an input cap
+(windve/frontend/pipeline.py), so services that differ in any share no entry.
 """
 
 from __future__ import annotations

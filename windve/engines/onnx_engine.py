@@ -50,7 +50,9 @@ def cached_model_path(spec: ModelSpec, dtype: str, cache_dir: Path | None) -> Pa
     import onnxruntime
 
     folder = Path(cache_dir or DEFAULT_CACHE)
-    return folder / f"{spec.revision}-opset{OPSET}-ort{onnxruntime.__version__}-{dtype}-fused.onnx"
+    # The configuration is in the graph too (the activation, the pooling): its hash is in the name.
+    name = f"{spec.revision}-{spec.config_hash}-opset{OPSET}-ort{onnxruntime.__version__}-{dtype}-fused.onnx"
+    return folder / name
 
 
 def export_and_fuse(spec: ModelSpec, target: Path, dtype: str) -> Path:

@@ -7,6 +7,7 @@ behind it; a small one is tokenized in place (a thread hop would cost more than 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -131,12 +132,18 @@ class EmbeddingPipeline:
     def _cache_keys(self, texts: Sequence[str], normalize: bool, truncate: bool) -> list[bytes] | None:
         if self.cache is None:
             return None
-        spec = self.runtime.spec
+        return cache_keys(self.runtime.spec.name, self._vector_identity, normalize, truncate, texts)
+
+    @functools.cached_property
+    def _vector_identity(self) -> str:
+        """The cache keys' revision part: what produced a vector besides its text and request
+        options. Services that share a Redis share entries only where all of it is the same."""
+        spec, settings = self.runtime.spec, self.settings
+        identity = f"{spec.revision}-{spec.config_hash}-{settings.engine}-{settings.dtype}"
         # A lower input cap truncates differently: it is part of what produced the vector.
-        revision = spec.revision if self.settings.max_input_tokens is None else (
-            f"{spec.revision}-max{self.runtime.tokenizer.max_tokens}"
-        )
-        return cache_keys(spec.name, revision, normalize, truncate, texts)
+        if settings.max_input_tokens is not None:
+            identity += f"-max{self.runtime.tokenizer.max_tokens}"
+        return identity
 
     async def _cached(self, keys: list[bytes] | None, n: int) -> tuple[np.ndarray | None, list[int]]:
         if keys is None:
