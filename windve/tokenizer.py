@@ -38,20 +38,32 @@ class TextTokenizer:
 
     def __init__(self, spec: ModelSpec, max_tokens: int | None = None) -> None:
         self.max_tokens = min(spec.max_seq_length, max_tokens or spec.max_seq_length)
-        self._tokenizer = load_fast_tokenizer(spec.path, spec.lower_case)
-        self._tokenizer.no_padding()
-        # Truncation keeps the special tokens; `overflowing` tells that it happened. The side is the
-        # model's (a left-truncating model keeps a long text's end).
-        self._tokenizer.enable_truncation(self.max_tokens, direction=spec.truncation_side)
+        self._spec = spec
+        self._side = spec.truncation_side
+        self._tokenizer = self._truncating(spec.truncation_side)
+        self._other: Tokenizer | None = None  # truncating at the other side, made when first asked
         self._full = load_fast_tokenizer(spec.path, spec.lower_case)
         self._full.no_padding()
         self._full.no_truncation()
         post = self._full.post_processor
         self._specials_per_text = post.num_special_tokens_to_add(False) if post is not None else 0
 
-    def encode(self, texts: Sequence[str], truncate: bool) -> list[np.ndarray]:
-        """Token ids per text; raises InputTooLong for the first over-long text when not truncating."""
-        encodings = self._tokenizer.encode_batch_fast(list(texts), add_special_tokens=True)
+    def _truncating(self, side: str) -> Tokenizer:
+        tokenizer = load_fast_tokenizer(self._spec.path, self._spec.lower_case)
+        tokenizer.no_padding()
+        # Truncation keeps the special tokens; `overflowing` tells that it happened.
+        tokenizer.enable_truncation(self.max_tokens, direction=side)
+        return tokenizer
+
+    def encode(self, texts: Sequence[str], truncate: bool, side: str | None = None) -> list[np.ndarray]:
+        """Token ids per text; raises InputTooLong for the first over-long text when not truncating.
+        `side`: where a long text is cut, `left` or `right` (None: the model's tokenizer's side)."""
+        tokenizer = self._tokenizer
+        if side is not None and side != self._side:
+            if self._other is None:  # two threads may both make it: the same tokenizer either way
+                self._other = self._truncating(side)
+            tokenizer = self._other
+        encodings = tokenizer.encode_batch_fast(list(texts), add_special_tokens=True)
         sequences = []
         for index, encoding in enumerate(encodings):
             if encoding.overflowing and not truncate:

@@ -215,7 +215,8 @@ def test_huggingface_inference_client_given_the_base_url(server, expected, monke
     [
         ({"truncation_direction": "right"}, 200, None),
         ({"truncation_direction": "Right"}, 200, None),
-        ({"truncation_direction": "left"}, 422, "truncation_direction: 'left' is not supported"),
+        ({"truncation_direction": "left"}, 200, None),
+        ({"truncation_direction": "middle"}, 422, "truncation_direction: 'middle' is neither 'left' nor 'right'"),
         ({"prompt_name": "query"}, 422, "prompt_name 'query' is not one of model"),
         ({"prompt_name": None}, 200, None),
     ],
@@ -225,6 +226,23 @@ def test_tei_options_it_cannot_honour_are_refused(client, extra, status, fragmen
     assert answer.status_code == status
     if fragment:
         assert fragment in answer.json()["error"]
+
+
+def test_truncation_direction_cuts_a_long_text_at_the_side_asked(client):
+    """TEI's truncation_direction: `left` keeps a long text's end (it had been refused)."""
+    words = 256 - 2  # the model's limit, less [CLS] and [SEP]: one token a word
+    text = "dog " * 300 + "cat " * words
+
+    def embedded(body: dict) -> np.ndarray:
+        answer = client.post("/embed", json=body)
+        assert answer.status_code == 200, answer.text
+        return np.array(answer.json()[0])
+
+    left = embedded({"inputs": text, "truncate": True, "truncation_direction": "Left"})
+    right = embedded({"inputs": text, "truncate": True, "truncation_direction": "right"})
+    np.testing.assert_allclose(left, embedded({"inputs": "cat " * words}), atol=1e-6)
+    np.testing.assert_allclose(right, embedded({"inputs": "dog " * words}), atol=1e-6)
+    np.testing.assert_allclose(right, embedded({"inputs": text, "truncate": True}), atol=1e-6)  # the model's side
 
 
 def test_tokenize_gives_the_models_tokens_with_their_offsets(client, reference_model):

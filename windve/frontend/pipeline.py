@@ -78,8 +78,10 @@ class EmbeddingPipeline:
         request: Request,
         field: str,
         prompt_name: str | None = None,
+        side: str | None = None,
     ) -> tuple[np.ndarray, int]:
-        """Embeddings [len(texts), dim] and the number of tokens embedded, the prompt's included."""
+        """Embeddings [len(texts), dim] and the number of tokens embedded, the prompt's included;
+        `side`: where a truncated text is cut (None: the model's tokenizer's side)."""
         # From when the request's bytes reached the socket (http_protocol.py takes the kernel's
         # stamp): under load the handler starts a whole event-loop turn or more later, and depth
         # control must count that.
@@ -87,7 +89,8 @@ class EmbeddingPipeline:
         self.check_inputs(texts, field)
         texts = self.prompted(texts, prompt_name)
         truncate = self.settings.truncate if truncate is None else truncate
-        keys = self._cache_keys(texts, normalize, truncate)
+        side = self.runtime.spec.truncation_side if side is None else side
+        keys = self._cache_keys(texts, normalize, truncate, side)
         use = cache_use(request.headers.get("cache-control"), request.headers.get("pragma", ""))
         vectors, missing = await self._cached(keys if use.read else None, len(texts))
         release_pass(request.scope)  # this request's own room check, next, counts what it needs
@@ -97,7 +100,7 @@ class EmbeddingPipeline:
                 self.dispatcher.check_room(len(missing))
             except (Busy, Unavailable) as exc:
                 raise refusal(exc) from None
-        sequences = await self._tokenize(texts, truncate, field)  # all of them: usage counts every token
+        sequences = await self._tokenize(texts, truncate, field, side)  # all of them: usage counts every token
         tokens = sum(len(seq) for seq in sequences)
         metrics.REQUEST_TOKENS.observe(tokens)
         if missing:
@@ -116,9 +119,9 @@ class EmbeddingPipeline:
         metrics.INPUTS.inc(len(texts))
         return vectors, tokens
 
-    async def _tokenize(self, texts: Sequence[str], truncate: bool, field: str) -> list[np.ndarray]:
+    async def _tokenize(self, texts: Sequence[str], truncate: bool, field: str, side: str) -> list[np.ndarray]:
         started = time.perf_counter()
-        encode = self.runtime.tokenizer.encode
+        encode = functools.partial(self.runtime.tokenizer.encode, side=side)
         try:
             if sum(len(text) for text in texts) <= INLINE_TOKENIZE_CHARS:
                 sequences = encode(texts, truncate)
@@ -129,10 +132,13 @@ class EmbeddingPipeline:
         metrics.TOKENIZATION_TIME.observe(time.perf_counter() - started)
         return sequences
 
-    def _cache_keys(self, texts: Sequence[str], normalize: bool, truncate: bool) -> list[bytes] | None:
+    def _cache_keys(self, texts: Sequence[str], normalize: bool, truncate: bool, side: str) -> list[bytes] | None:
         if self.cache is None:
             return None
-        return cache_keys(self.runtime.spec.name, self._vector_identity, normalize, truncate, texts)
+        identity = self._vector_identity
+        if truncate and side != self.runtime.spec.truncation_side:
+            identity += f"-cut{side}"  # a long text cut at the other end is another vector
+        return cache_keys(self.runtime.spec.name, identity, normalize, truncate, texts)
 
     @functools.cached_property
     def _vector_identity(self) -> str:

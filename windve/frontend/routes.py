@@ -119,7 +119,7 @@ async def embed(request: Request) -> Response:
         pipeline = _pipeline(request)
         dimensions = requested_dimensions(body.dimensions, pipeline.runtime.spec, _state(request).settings)
         vectors, _ = await pipeline.embed(
-            body.texts, body.normalize, body.truncate, request, "inputs", body.prompt_name
+            body.texts, body.normalize, body.truncate, request, "inputs", body.prompt_name, body.truncation_direction
         )
         return json_response(cut(vectors, dimensions, renormalize=body.normalize))
 

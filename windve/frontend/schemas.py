@@ -63,15 +63,18 @@ class EmbedRequest(_TeiInputs):
     truncate: StrictBool | None = Field(
         None, description="Cut inputs longer than the model's limit (default: the server's setting)"
     )
-    truncation_direction: StrictStr | None = Field(None, description="Only `right`: inputs are cut at the end")
+    truncation_direction: StrictStr | None = Field(
+        None, description="`right` cuts a long input's end, `left` its start (default: the model's tokenizer's side)"
+    )
     dimensions: StrictInt | None = Field(None, description=_DIMENSIONS)
 
     @field_validator("truncation_direction")
     @classmethod
-    def _cut_at_the_end(cls, value: str | None) -> str | None:
-        if value is not None and value.lower() != "right":
-            raise ValueError(f"{value!r} is not supported; inputs are truncated on the right")
-        return value
+    def _a_side(cls, value: str | None) -> str | None:
+        # TEI spells them Left and Right; clients send either case.
+        if value is not None and value.lower() not in ("left", "right"):
+            raise ValueError(f"{value!r} is neither 'left' nor 'right'")
+        return None if value is None else value.lower()
 
 
 class TokenizeRequest(_TeiInputs):
