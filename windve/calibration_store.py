@@ -91,7 +91,7 @@ async def publish(
                         raise StaleCalibrationError(
                             f"{describe_url(redis_url)} already holds a newer calibration under {key} "
                             f"(created {stored['created']!r}, this one {calibration['created']!r}); "
-                            "use force to replace it"
+                            "delete that key (redis-cli DEL) to replace it"
                         )
                     pipe.multi()
                     pipe.set(key, body)

@@ -34,6 +34,18 @@ class InstanceConfig(BaseModel):
     threads: int | None = None
 
 
+def check_redis_url(url: str) -> None:
+    """ValueError saying what is wrong with `url` as a Redis URL (its password not repeated)."""
+    if not url.startswith(("redis://", "rediss://", "unix://")):
+        raise ValueError("a Redis URL starts with redis://, rediss:// (TLS) or unix://")
+    from redis.connection import parse_url
+
+    try:
+        parse_url(url)
+    except ValueError as error:  # a port that is not a number, an option of the wrong type
+        raise ValueError(f"not a Redis URL: {error}") from None
+
+
 class Settings(BaseSettings):
     # An empty variable is an unset one: templates (compose's ${VAR}, a chart's extraEnv) write
     # empty values for settings left alone, which had meant "no cores reserved", a model named "",
@@ -150,8 +162,8 @@ class Settings(BaseSettings):
         # loaded the engines, and its message named no setting.
         if value == "":
             return None
-        if isinstance(value, str) and not value.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError("a Redis URL starts with redis://, rediss:// (TLS) or unix://")
+        if isinstance(value, str):
+            check_redis_url(value)
         return value
 
     @model_validator(mode="after")
@@ -216,6 +228,9 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
         _config_file.reset(token)
 
 
+SECRET_SETTINGS = frozenset({"api_key", "redis_url"})  # values an error message does not repeat
+
+
 def describe_validation_error(
     exc: ValidationError, given: dict[str, Any] | None = None, config_file: Path | None = None
 ) -> str:
@@ -226,11 +241,14 @@ def describe_validation_error(
         name = ".".join(str(part) for part in error["loc"]) or "settings"
         value = error.get("input")
         shown = f" (got {value!r})" if not isinstance(value, dict) and value is not None else ""
+        if name in SECRET_SETTINGS:
+            shown = ""  # a password in a Redis URL, an API key: not for the log
+        message = error["msg"].removeprefix("Value error, ")
         if error["type"] == "extra_forbidden":  # only a file (or a caller) names a setting there is none of
             lines.append(f"unknown setting {name}: no such setting (`windve serve --help` lists them)")
             continue
         field = str(error["loc"][0]) if error["loc"] else ""
-        lines.append(f"invalid setting {name} ({_source(field, given or {}, config_file)}): {error['msg']}{shown}")
+        lines.append(f"invalid setting {name} ({_source(field, given or {}, config_file)}): {message}{shown}")
     return "\n".join(lines)
 
 

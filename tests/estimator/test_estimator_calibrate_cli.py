@@ -157,6 +157,11 @@ def test_the_server_gets_every_setting_and_none_of_this_process_windve_variables
         (["--lengths", "2,75"], "query length 2 is outside 3..256"),
         (["--url", "ftp://host"], "--url must start with http:// or https://"),
         (["--url", "http://127.0.0.1:9", "--pools", "cpu"], "--pools and --choose-cpu-layout choose which servers"),
+        # A whole server's calibration had replaced the shared per-pool one, which no service then read.
+        (["--url", "http://127.0.0.1:9", "--redis-url", "redis://r:6379/0"], "which no service reads from Redis"),
+        # Checked after the profile, it had cost a whole calibration.
+        (["--redis-url", "http://r:6379"], "--redis-url: a Redis URL starts with redis://"),
+        (["--redis-url", "redis://r:port/0"], "--redis-url: not a Redis URL: Port could not be cast"),
     ],
 )
 def test_bad_arguments_exit_2_before_profiling(argv, message, tmp_path: Path, monkeypatch, capsys) -> None:
@@ -217,15 +222,16 @@ def test_a_server_that_never_answers_is_told_after_one_timeout(tmp_path: Path, c
     assert asked == [b"POST /embed HTTP/1.1"]  # not GET /info first, a second timeout
 
 
-def test_calibrating_a_server_by_url_writes_json_png_table_and_redis(
-    sim_server_factory, redis_server, tmp_path: Path, capsys, collector_when_measuring: list[int]
+def test_calibrating_a_server_by_url_writes_json_png_and_table_and_leaves_redis_alone(
+    sim_server_factory, redis_server, tmp_path: Path, capsys, collector_when_measuring: list[int], monkeypatch
 ) -> None:
     server = sim_server_factory("--per-query", "0.001", "--per-token", "0.00002")
     out, plot = tmp_path / "calibration.json", tmp_path / "calibration.png"
+    monkeypatch.setenv("WINDVE_REDIS_URL", redis_server.url)  # as in a pod of the chart with Redis
     code = run_cli(
         "--url", server.url, "--slo", "0.1", "--slo", "0.05", "--rounds", "2", "--max-concurrency", "128",
         "--stress-test", "--step", "8", "--lengths", "16,75",
-        "--out", str(out), "--plot", str(plot), "--redis-url", redis_server.url,
+        "--out", str(out), "--plot", str(plot),
     )
     captured = capsys.readouterr()
     assert code == 0, captured.err
@@ -240,9 +246,10 @@ def test_calibrating_a_server_by_url_writes_json_png_table_and_redis(
     assert all(entry.estimate and entry.stress_test is not None for entry in pool.depths)
     assert plot.read_bytes()[:8] == PNG_MAGIC and matplotlib.image.imread(plot).ndim == 3
     assert "stress test (step 8)" in captured.out and f"wrote {out} and {plot}" in captured.out
-    assert "published to Redis under windve:calibration:sim-rev-1:sim-host" in captured.out
-    stored = redis.Redis.from_url(redis_server.url).get("windve:calibration:sim-rev-1:sim-host")
-    assert json.loads(stored) == json.loads(out.read_text())
+    # One pool for the whole server: under the shared key it had replaced the per-pool depths that
+    # services read, with one none of them has.
+    assert "published" not in captured.out and "which no service reads from Redis" in captured.err
+    assert redis.Redis.from_url(redis_server.url).keys("windve:calibration:*") == []
     # The client times the server: its collector is set up as the server's own, start-up heap frozen.
     assert collector_when_measuring == [YOUNG_THRESHOLD]
 

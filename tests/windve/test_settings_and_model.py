@@ -149,6 +149,14 @@ def test_serve_rejects_bad_settings_at_start(tmp_path, flags, named):
     assert named in result.stderr and "Traceback" not in result.stderr, result.stderr
 
 
+def test_a_redis_url_that_does_not_parse_stops_the_start_without_its_password():
+    with pytest.raises(SettingsError) as refused:
+        load_settings(redis_url="redis://:hunter2@127.0.0.1:notaport/0")
+    message = str(refused.value)
+    assert "invalid setting redis_url (flag --redis-url): not a Redis URL: Port could not be cast" in message
+    assert "hunter2" not in message and "Value error" not in message
+
+
 def test_an_empty_redis_url_is_none():
     assert Settings(redis_url="").redis_url is None and Settings(redis_url="rediss://h:6380/0").redis_url
 

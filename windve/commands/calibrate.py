@@ -210,6 +210,14 @@ def _check_writable(path: Path, flag: str) -> None:
         raise UsageError(f"{flag} {path} is not writable ({error.strerror or error})") from None
 
 
+# The shared calibration of a model on a hardware holds per-pool depths, which services read; one
+# of a whole server would replace it with a pool no service has.
+URL_NOT_PUBLISHED = (
+    "--url profiles the whole server as one pool (`server`), which no service reads from Redis; "
+    "it is not published, and its depth is for cpu_depth or accelerator_depth"
+)
+
+
 def check_args(args: argparse.Namespace, max_tokens: int, min_tokens: int = 3) -> None:
     if args.plot is None:  # a picture that lands beside its JSON, not in whatever directory the command ran in
         args.plot = args.out.with_suffix(".png")
@@ -225,6 +233,15 @@ def check_args(args: argparse.Namespace, max_tokens: int, min_tokens: int = 3) -
             raise UsageError(f"--url must start with http:// or https://, got {args.url!r}")
         if args.pools or args.choose_cpu_layout:
             raise UsageError("--pools and --choose-cpu-layout choose which servers to start: drop --url")
+        if args.redis_url:
+            raise UsageError(URL_NOT_PUBLISHED + ": drop --redis-url")
+    if args.redis_url:
+        from windve.settings import check_redis_url
+
+        try:  # before the profile, not after it, as serve checks it at start
+            check_redis_url(args.redis_url)
+        except ValueError as error:
+            raise UsageError(f"--redis-url: {error}") from None
 
 
 # ---- running -------------------------------------------------------------------------
@@ -255,7 +272,11 @@ def run(args: argparse.Namespace) -> int:
         return _fail(error, 1)
     finally:
         bar.close()
-    return _write_outputs(args, calibration, args.redis_url or settings.redis_url)
+    redis_url = args.redis_url or settings.redis_url
+    if args.url and redis_url:
+        print(f"{PROG}: {URL_NOT_PUBLISHED} (redis_url is set)", file=sys.stderr)
+        redis_url = None
+    return _write_outputs(args, calibration, redis_url)
 
 
 RECANCEL_SECONDS = 2.0  # between cancellations of a calibration that a SIGTERM has not ended yet
