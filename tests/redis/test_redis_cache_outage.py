@@ -176,3 +176,35 @@ def test_kill_and_restart_under_concurrent_load_fails_no_call(redis_server, capl
     assert slowest < NO_HANG_SECONDS
     warnings = [r for r in caplog.records if r.name == "windve.redis" and r.levelno == logging.WARNING]
     assert len(warnings) == 1
+
+
+def test_a_full_redis_refusing_stores_is_not_an_outage(redis_server, caplog) -> None:
+    """Redis full under `noeviction` (its default) answers each SET with an OOM error. Each had
+    opened the breaker and the next read closed it: two log lines a request, and reads skipped."""
+    caplog.set_level(logging.INFO, logger="windve.redis")
+    cache = create_cache(cache_settings(redis_server.url), l1_entries=0)
+    import redis as redis_py
+
+    admin = redis_py.Redis.from_url(redis_server.url)
+
+    async def scenario() -> None:
+        await cache.put_many(KEYS[:4], VECTORS[:4])  # stored while there is room
+        admin.config_set("maxmemory-policy", "noeviction")
+        admin.config_set("maxmemory", 1)  # full from now on: every write is refused
+        for round_ in range(5):
+            more = cache_keys("m", "r", True, True, [f"later {round_} {i}" for i in range(4)])
+            await cache.put_many(more, VECTORS[4:])
+            assert cache.breaker.state == "closed"
+            found = await cache.get_many(KEYS[:4])  # reads still go to Redis and hit
+            assert all(vector is not None for vector in found)
+        assert cache.stats()["errors"] == {"redis": 5}
+        await cache.close()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        admin.config_set("maxmemory", 0)
+        admin.close()
+    records = [r for r in caplog.records if r.name == "windve.redis"]
+    assert [r.levelno for r in records] == [logging.WARNING], [r.getMessage() for r in records]
+    assert "refuses a command (OutOfMemoryError" in records[0].getMessage()

@@ -10,22 +10,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
 import redis.asyncio
+from redis.exceptions import ResponseError
 
 from windve.cache.base import decode_vector, encode_vectors
 from windve.cache.lru import LruTtlStore
 from windve.cache.metrics import CacheCounters
-from windve.redis_client import REDIS_FAILURES, CircuitBreaker
+from windve.redis_client import REDIS_FAILURES, CircuitBreaker, describe_error
 
 T = TypeVar("T")
+log = logging.getLogger("windve.redis")
 
 # socket_timeout bounds each socket read; a cold connect takes a few reads (connect, handshake),
 # so the whole call gets a little more before we give up on it.
 DEADLINE_PER_TIMEOUT = 3
+REFUSAL_LOG_SECONDS = 60.0  # one warning per this long while Redis answers commands with errors
 
 
 class RedisEmbeddingCache:
@@ -46,6 +51,7 @@ class RedisEmbeddingCache:
         self.breaker = breaker
         self.l1 = l1
         self.counters = CacheCounters()
+        self._refusal_logged_at = -REFUSAL_LOG_SECONDS
 
     async def get_many(self, keys: Sequence[bytes]) -> list[np.ndarray | None]:
         l1 = self.l1
@@ -91,6 +97,14 @@ class RedisEmbeddingCache:
         try:
             async with asyncio.timeout(self.deadline_seconds):
                 result = await operation()
+        except ResponseError as exc:
+            # Redis answered, with an error: full under `noeviction` (OOM), an ACL that forbids the
+            # command. Not an outage: the breaker had opened at each refused store and closed at
+            # the next read, logging twice a second and skipping reads that would have hit.
+            self.breaker.succeeded(ticket)
+            self.counters.add("errors", "redis")
+            self._refused(exc)
+            return None
         except REDIS_FAILURES as exc:
             self.breaker.failed(exc, ticket)
             self.counters.add("errors", "redis")
@@ -101,6 +115,16 @@ class RedisEmbeddingCache:
             raise
         self.breaker.succeeded(ticket)
         return result
+
+    def _refused(self, exc: ResponseError) -> None:
+        now = time.monotonic()
+        if now - self._refusal_logged_at >= REFUSAL_LOG_SECONDS:
+            self._refusal_logged_at = now
+            log.warning(
+                "the embedding cache's Redis refuses a command (%s); requests go on, uncached where it "
+                "refuses (a full Redis needs maxmemory-policy volatile-lru or allkeys-lru)",
+                describe_error(exc),
+            )
 
     async def _drop_idle_connections(self) -> None:
         """Pooled sockets to a server that failed are likely dead too: reconnect instead of
