@@ -73,10 +73,17 @@ class ExactLengthTexts:
         return len(self._tokenizer.encode(text, add_special_tokens=True).ids)
 
     def sample(self, rng: random.Random) -> str:
+        drawn = False
         for _ in range(MAX_ATTEMPTS):
             text = self._draw(rng)
+            drawn = drawn or text is not None
             if text is not None and self.length(text) == self.tokens:
                 return text
+        if not drawn:
+            raise ValueError(
+                f"{self.tokens} tokens is more text than {MAX_DRAWS} sentences of the corpus make; "
+                "a model takes 512 tokens or so at most, and the server refuses longer texts"
+            )
         raise RuntimeError(
             f"could not build a {self.tokens}-token text from the corpus with this tokenizer "
             f"in {MAX_ATTEMPTS} attempts; is it a word-level tokenizer (BERT/XLM-R style)?"
@@ -116,5 +123,8 @@ def _describe(text: str, encoding) -> _Sentence:  # noqa: ANN001 - tokenizers.En
 
 @lru_cache(maxsize=8)
 def text_source(tokenizer: str | None, tokens: int) -> ExactLengthTexts:
-    """One builder per (tokenizer, length) per process, shared by all simulated users."""
-    return ExactLengthTexts(load_tokenizer(tokenizer), tokens, corpus_sentences())
+    """One builder per (tokenizer, length) per process, shared by all simulated users; it has
+    built one text, so that a length it cannot build fails here, not in every user."""
+    texts = ExactLengthTexts(load_tokenizer(tokenizer), tokens, corpus_sentences())
+    texts.sample(random.Random(0))
+    return texts

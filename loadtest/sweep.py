@@ -202,9 +202,10 @@ def run_from_args(args: argparse.Namespace) -> int:
         workload = Workload.from_options(args)
         for path in (args.json_out, plot):
             check_writable(path)
+        text_source(workload.tokenizer, workload.query_tokens)  # a tokenizer or a length it cannot use
         if args.wait_ready > 0:
             wait_ready(args.host, args.wait_ready)
-    except (ValueError, ServerNotReady) as exc:
+    except (ValueError, RuntimeError, OSError, ServerNotReady) as exc:
         print(f"loadtest: {exc}", file=sys.stderr)
         return 2
     print(

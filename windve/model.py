@@ -143,6 +143,8 @@ def resolve_model_path(model: str | None, revision: str | None = None) -> tuple[
     local = Path(model).expanduser()
     if local.is_dir():
         return local.name, local
+    if model.startswith(("/", "./", "../", "~")):  # a path, not a model id: the hub's id rules would not help
+        raise ModelError(f"model {model} is not a folder" if local.exists() else f"model folder {model} does not exist")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         from huggingface_hub import snapshot_download

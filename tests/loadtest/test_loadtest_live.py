@@ -201,6 +201,22 @@ def test_sweep_refuses_to_start_without_a_ready_server(tmp_path: Path) -> None:
     assert not (tmp_path / "none.json").exists()
 
 
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        # Users had spun on a traceback each (198 in 2 s) and the step read as the server's failure.
+        (("--query-tokens", "100000"), "100000 tokens is more text than 1000 sentences of the corpus make"),
+        (("--tokenizer", "/nonexistent"), "model folder /nonexistent does not exist"),  # not the hub's id rules
+    ],
+)
+def test_what_cannot_make_a_query_exits_2_before_any_load(options: tuple[str, ...], message: str, tmp_path: Path):
+    closed = f"http://127.0.0.1:{free_port()}"  # never asked: the texts are checked first
+    completed = sweep(["-m", "windve.cli", "loadtest"], closed, tmp_path / "x.json", "--wait-ready", "0", *options)
+    assert completed.returncode == 2, completed.stderr
+    assert f"loadtest: {message}" in completed.stderr and "Traceback" not in completed.stderr
+    assert "sweep " not in completed.stdout  # the sweep's header comes after the checks
+
+
 @pytest.mark.slow
 def test_long_sweep_with_default_steps(tmp_path: Path) -> None:
     """The full default ladder (20 s steps after 5 s warm-up) at the 1 s SLO, 75-token queries,
