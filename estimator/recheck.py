@@ -112,9 +112,13 @@ def reference_level(samples: Sequence[LevelSample], settled: int | None = None) 
 
 
 def crossing_check(samples: Sequence[LevelSample], settled: int | None, target: float) -> CrossingCheck | None:
-    """The settled crossing against the tail the profile aimed at; None when the profile settled none."""
+    """The settled crossing against the tail the profile aimed at; None when the profile settled
+    none, or the server refused it (no tail to read: the refusals are reported, and "took inf s"
+    had then blamed the machine's speed)."""
     sample = settled_sample(samples, settled)
-    return None if sample is None else CrossingCheck(sample.concurrency, sample.p99, target)
+    if sample is None or not math.isfinite(sample.p99):
+        return None
+    return CrossingCheck(sample.concurrency, sample.p99, target)
 
 
 async def recheck_speed(

@@ -53,8 +53,16 @@ def describe_url(url: str) -> str:
     return f"{parts.scheme}://{host}:{port}/{db}"
 
 
+# What Redis says to a client that sent no password, by protocol (redis-py speaks RESP3's HELLO).
+NO_PASSWORD_SENT = ("HELLO must be called with the client already authenticated", "Authentication required", "NOAUTH")
+
+
 def describe_error(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    if any(said in str(exc) for said in NO_PASSWORD_SENT):
+        # Redis's own words name a protocol step, not the missing password.
+        text += " (this Redis requires a password, and the URL has none: redis://:PASSWORD@host:port/db)"
+    return text
 
 
 class CircuitBreaker:

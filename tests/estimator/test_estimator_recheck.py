@@ -147,6 +147,12 @@ def test_a_settled_crossing_within_ten_percent_of_the_slo_counts_as_steady(p99: 
     assert crossing_check(samples, None, 0.15) is None
 
 
+def test_a_settled_crossing_the_server_refused_is_no_speed_check() -> None:
+    # Refused (429s): no tail to compare; "took inf s, infx the tail" had blamed the machine's speed.
+    samples = [_level(1, 0.01), _level(64, 0.2), _level(48, float("inf"))]
+    assert crossing_check(samples, 48, 0.15) is None
+
+
 def _calibrate_settled(slow_from_first_miss: bool) -> Calibration:
     async def body() -> Calibration:
         pool = SimulatedPool(FINE)

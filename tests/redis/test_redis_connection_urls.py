@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import shutil
 import subprocess
 from pathlib import Path
@@ -46,7 +47,7 @@ def make_tls_files(folder: Path) -> tuple[Path, Path, Path]:
     return ca_cert, cert, key
 
 
-def test_password_in_the_url_and_a_wrong_one(tmp_path: Path) -> None:
+def test_password_in_the_url_a_wrong_one_and_none(tmp_path: Path, caplog) -> None:
     require_redis_server()
     server = start_on_free_port(tmp_path, ["--requirepass", "s3cret"])
     try:
@@ -57,6 +58,10 @@ def test_password_in_the_url_and_a_wrong_one(tmp_path: Path) -> None:
         found, stats = asyncio.run(round_trip(f"redis://:wrong@127.0.0.1:{server.port}/0"))
         assert found == [None, None]
         assert stats["errors"] == {"redis": 1}
+        # none at all: the warning says so, where Redis's own words name a protocol step (HELLO)
+        with caplog.at_level(logging.WARNING, logger="windve.redis"):
+            found, stats = asyncio.run(round_trip(f"redis://127.0.0.1:{server.port}/0"))
+        assert found == [None, None] and "this Redis requires a password, and the URL has none" in caplog.text
     finally:
         server.stop()
 
