@@ -184,6 +184,10 @@ class Runtime:
         if missing := [name for name in self.instances if name not in calibration.pools]:
             lacks = _pools_missing(calibration, missing)
             warnings.append(f"it {lacks}: those pools keep the probe's or the setting's depth")
+        # A depth setting wins over any calibration: /info had shown the calibration "in force" alone.
+        for name in self.instances:
+            if name in calibration.pools and (setting := self._configured_depth(name)) is not None:
+                warnings.append(f"pool {name} keeps its setting {name}_depth ({setting}), not this calibration's depth")
         for warning in warnings:
             log.warning("%s: %s", origin, warning)
         self.calibration, self.calibration_origin, self.calibration_warnings = calibration, origin, warnings

@@ -72,6 +72,19 @@ def test_serve_derives_an_uncalibrated_slo_from_the_fit(tmp_path, model_spec):
         server.stop()
 
 
+def test_a_depth_setting_over_a_calibration_is_said_in_info(tmp_path, model_spec):
+    """The setting wins; /info had shown the calibration with no word that its depth went unused."""
+    path = save_calibration(calibration(model_spec.revision, "x", 77, "2026-01-01T00:00:00+00:00"), tmp_path / "c.json")
+    server = start_server(tmp_path, "--calibration-file", str(path), "--cpu-depth", "7", "--cache-size", "0")
+    try:
+        pool = cpu_pool(server.url)
+        assert (pool["depth"], pool["depth_source"]) == (7, "setting")
+        warnings = httpx.get(server.url + "/info").json()["calibration"]["warnings"]
+        assert "pool cpu keeps its setting cpu_depth (7), not this calibration's depth" in warnings
+    finally:
+        server.stop()
+
+
 def test_published_calibration_applies_live(redis_server, tmp_path, model_spec):
     server = start_server(tmp_path, "--redis-url", redis_server.url, "--cache-size", "0")
     try:
