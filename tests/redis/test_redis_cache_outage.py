@@ -7,6 +7,7 @@ import logging
 import time
 
 import pytest
+from prometheus_client import REGISTRY
 
 from tests.redis.redis_test_support import FakeClock, cache_settings, random_vectors
 from windve.cache import cache_keys, create_cache
@@ -23,6 +24,10 @@ async def timed(operation):
     started = time.monotonic()
     result = await operation
     return result, time.monotonic() - started
+
+
+def redis_up() -> float | None:
+    return REGISTRY.get_sample_value("windve_cache_redis_up", {"backend": "redis"})
 
 
 def outage_warnings(caplog) -> list[logging.LogRecord]:
@@ -43,7 +48,7 @@ def test_killed_redis_reads_as_misses_is_skipped_while_open_and_logged_once(redi
         found, seconds = await timed(cache.get_many(KEYS))
         assert found == [None] * 8 and seconds < NO_HANG_SECONDS
         assert cache.stats()["errors"] == {"redis": 1}
-        assert breaker.state == "open"
+        assert breaker.state == "open" and redis_up() == 0  # /metrics tells an outage, not only the log
 
         # while open, calls skip Redis entirely: no new error, nothing stored, no exception
         _, seconds = await timed(cache.put_many(KEYS, VECTORS))
@@ -66,7 +71,7 @@ def test_killed_redis_reads_as_misses_is_skipped_while_open_and_logged_once(redi
         await asyncio.to_thread(redis_server.start)  # empty: no persistence
         clock.advance(4.0)
         await cache.put_many(KEYS, VECTORS)  # the probe succeeds and closes the breaker
-        assert breaker.state == "closed"
+        assert breaker.state == "closed" and redis_up() == 1
         found = await cache.get_many(KEYS)
         assert [vector.tobytes() for vector in found] == [row.tobytes() for row in VECTORS]
         await cache.close()

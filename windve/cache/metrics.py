@@ -7,7 +7,7 @@ hits / (hits + misses) summed over labels is the hit ratio. Errors are failed Re
 
 from __future__ import annotations
 
-from prometheus_client import Counter
+from prometheus_client import Counter, Gauge
 
 HITS = Counter("windve_cache_hits_total", "Embedding cache lookups answered from the cache", ["backend"])
 MISSES = Counter("windve_cache_misses_total", "Embedding cache lookups not in the cache", ["backend"])
@@ -15,6 +15,14 @@ ERRORS = Counter(
     "windve_cache_errors_total", "Failed Redis cache calls (the request went on uncached)", ["backend"]
 )
 _BY_KIND = {"hits": HITS, "misses": MISSES, "errors": ERRORS}
+# Labelled so that it is exported only by a service whose cache has a Redis; with several front
+# ends, the lowest of theirs: 0 when any of them skips Redis as down.
+REDIS_UP = Gauge(
+    "windve_cache_redis_up",
+    "1 while the embedding cache uses its Redis, 0 while it skips it as down (requests go on uncached)",
+    ["backend"],
+    multiprocess_mode="livemin",
+)
 
 for _counter in _BY_KIND.values():
     for _backend in ("local", "redis"):

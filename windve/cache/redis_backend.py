@@ -21,7 +21,7 @@ from redis.exceptions import ResponseError
 
 from windve.cache.base import decode_vector, encode_vectors
 from windve.cache.lru import LruTtlStore
-from windve.cache.metrics import CacheCounters
+from windve.cache.metrics import REDIS_UP, CacheCounters
 from windve.redis_client import REDIS_FAILURES, CircuitBreaker, describe_error
 
 T = TypeVar("T")
@@ -52,6 +52,8 @@ class RedisEmbeddingCache:
         self.l1 = l1
         self.counters = CacheCounters()
         self._refusal_logged_at = -REFUSAL_LOG_SECONDS
+        self._up = REDIS_UP.labels(self.backend)
+        self._up.set(1)  # until a call fails: not known to be down
 
     async def get_many(self, keys: Sequence[bytes]) -> list[np.ndarray | None]:
         l1 = self.l1
@@ -93,6 +95,7 @@ class RedisEmbeddingCache:
         """The operation's result, or None if the breaker is open or Redis failed (never raises for Redis)."""
         ticket = self.breaker.allow()
         if ticket is None:
+            self._up.set(0)
             return None
         try:
             async with asyncio.timeout(self.deadline_seconds):
@@ -102,11 +105,13 @@ class RedisEmbeddingCache:
             # command. Not an outage: the breaker had opened at each refused store and closed at
             # the next read, logging twice a second and skipping reads that would have hit.
             self.breaker.succeeded(ticket)
+            self._up.set(1)
             self.counters.add("errors", "redis")
             self._refused(exc)
             return None
         except REDIS_FAILURES as exc:
             self.breaker.failed(exc, ticket)
+            self._up.set(0)
             self.counters.add("errors", "redis")
             await self._drop_idle_connections()
             return None
@@ -114,6 +119,7 @@ class RedisEmbeddingCache:
             self.breaker.abandoned(ticket)
             raise
         self.breaker.succeeded(ticket)
+        self._up.set(1)
         return result
 
     def _refused(self, exc: ResponseError) -> None:
