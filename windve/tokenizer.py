@@ -39,7 +39,6 @@ class TextTokenizer:
     def __init__(self, spec: ModelSpec, max_tokens: int | None = None) -> None:
         self.max_tokens = min(spec.max_seq_length, max_tokens or spec.max_seq_length)
         self._spec = spec
-        self._side = spec.truncation_side
         self._tokenizer = self._truncating(spec.truncation_side)
         self._other: Tokenizer | None = None  # truncating at the other side, made when first asked
         self._full = load_fast_tokenizer(spec.path, spec.lower_case)
@@ -59,7 +58,7 @@ class TextTokenizer:
         """Token ids per text; raises InputTooLong for the first over-long text when not truncating.
         `side`: where a long text is cut, `left` or `right` (None: the model's tokenizer's side)."""
         tokenizer = self._tokenizer
-        if side is not None and side != self._side:
+        if side is not None and side != self._spec.truncation_side:
             if self._other is None:  # two threads may both make it: the same tokenizer either way
                 self._other = self._truncating(side)
             tokenizer = self._other

@@ -235,17 +235,19 @@ class Supervisor:
                 if killed or self.stopping:
                     continue
                 if identity not in server.serving:
-                    if time.monotonic() > start_bound:
-                        log.error("front end %d (pid %d) does not serve %g s after its start "
-                                  "(frontend_start_timeout_seconds): killed",
-                                  index, process.pid, self.settings.frontend_start_timeout_seconds)
-                        killed = _kill(process)
-                    continue
-                silent = heartbeat.age()
-                if silent > timeout:
+                    if time.monotonic() <= start_bound:
+                        continue
+                    log.error("front end %d (pid %d) does not serve %g s after its start "
+                              "(frontend_start_timeout_seconds): killed",
+                              index, process.pid, self.settings.frontend_start_timeout_seconds)
+                elif (silent := heartbeat.age()) > timeout:
                     log.error("front end %d (pid %d) silent for %.1f s (frontend_heartbeat_timeout_seconds %g): killed",
                               index, process.pid, silent, timeout)
-                    killed = _kill(process)
+                else:
+                    continue
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()
+                killed = True
         finally:
             exited.cancel()  # done already, unless the keeper itself is cancelled
 
@@ -263,12 +265,6 @@ class Supervisor:
             index, process.pid, code, cancelled, delay,
         )
         await asyncio.sleep(delay)  # back-off before a restart, not a wait for a condition
-
-
-def _kill(process: asyncio.subprocess.Process) -> bool:
-    with contextlib.suppress(ProcessLookupError):
-        process.kill()
-    return True
 
 
 def _mark_metrics_dead(pid: int, directory: Path) -> None:

@@ -29,11 +29,6 @@ class HeadGuard:
         self.received = 0  # bytes read since the head began
         self.heads = 0  # heads begun on this connection
 
-    @property
-    def waiting(self) -> bool:
-        """Whether a head is on its way (armed and not complete)."""
-        return self._timer is not None
-
     def begin(self) -> None:
         """A head is awaited (a new connection) or has begun (a request's first byte); an armed
         timer keeps its deadline."""
