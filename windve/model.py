@@ -32,6 +32,8 @@ the operator turns it on.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -128,6 +130,13 @@ class ModelSpec:
     def prompt(self, name: str) -> str:
         """The text of the model's prompt `name`; KeyError if it has none of that name."""
         return dict(self.prompts)[name]
+
+    def to_dict(self) -> dict:
+        """Plain JSON types: how engine and front-end processes receive the spec, so that they
+        neither hash the weights again nor see other files than the parent read."""
+        fields = dataclasses.asdict(self)
+        fields["path"] = str(self.path)
+        return fields
 
 
 def bundled_model_path() -> Path:
@@ -432,11 +441,23 @@ def _weights_hash(root: Path, files: list[Path]) -> str:
     """Hash of the weight files' content, whole: any change to a weight changes the vectors, the
     cache's keys and the ONNX export's name. The first and last MiB alone had missed weights
     changed in a middle layer, and the cache and the export cache served the other model's
-    vectors. It costs about a second per GB read (sha256), once per process that loads the
-    model, where the model's own load takes longer."""
+    vectors. It costs about a second per GB read (sha256): `windve serve` reads the spec once
+    (the plan's check and the engines' start share it while the files' stat holds) and hands it
+    to every other process."""
+    stats = tuple((str(file), file.relative_to(root).as_posix(), _stat_key(file)) for file in files)
+    return _hash_files(stats)
+
+
+def _stat_key(file: Path) -> tuple[int, int, int, int]:
+    stat = file.stat()
+    return stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns
+
+
+@functools.lru_cache(maxsize=8)
+def _hash_files(stats: tuple[tuple[str, str, tuple[int, int, int, int]], ...]) -> str:
     digest = hashlib.sha256()
-    for file in files:
-        digest.update(f"{file.relative_to(root).as_posix()}:{file.stat().st_size}:".encode())
-        with file.open("rb") as handle:
+    for file, relative, (_, _, size, _) in stats:
+        digest.update(f"{relative}:{size}:".encode())
+        with open(file, "rb") as handle:
             digest.update(hashlib.file_digest(handle, "sha256").digest())
     return digest.hexdigest()[:16]

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from windve.model import ModelError, load_model_spec
+from windve.model import ModelError, ModelSpec, load_model_spec
 from windve.settings import Settings, SettingsError, load_settings
 
 
@@ -204,6 +204,32 @@ def test_the_revision_changes_with_weights_changed_only_in_the_middle(model_spec
     spec = load_model_spec(str(folder))
     assert spec.revision != model_spec.revision
     assert spec.config_hash == load_model_spec(str(model_spec.path)).config_hash  # configs untouched
+
+
+def test_the_weights_are_hashed_once_while_their_files_stay_the_same(model_spec, tmp_path, monkeypatch):
+    """`windve serve` reads the spec to check the plan and again to start the engines: the second
+    read must not hash the weights again (a second per GB), and a file rewritten in place (same
+    path, inode and size) must not keep the old revision."""
+    import hashlib
+
+    folder = tmp_path / "model"
+    shutil.copytree(model_spec.path, folder)
+    first = load_model_spec(str(folder))
+    reads = []
+    real = hashlib.file_digest
+    monkeypatch.setattr(hashlib, "file_digest", lambda handle, name: reads.append(handle.name) or real(handle, name))
+    assert load_model_spec(str(folder)).revision == first.revision and reads == []
+    weights = folder / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    with weights.open("r+b") as handle:  # in place: the inode and size stay
+        handle.write(data)
+    assert load_model_spec(str(folder)).revision != first.revision and reads == [str(weights)]
+
+
+def test_the_spec_crosses_processes_as_json(model_spec):
+    """Engine and front-end processes get the parent's spec as JSON, not the weights to hash again."""
+    assert ModelSpec(**json.loads(json.dumps(model_spec.to_dict()))) == model_spec
 
 
 def test_pickled_weights_are_refused(model_spec, tmp_path):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -37,7 +38,7 @@ from windve.gc_tuning import tune_gc_for_serving
 from windve.heartbeat import HeartbeatBoard
 from windve.listeners import cannot_listen, open_listeners
 from windve.probe import loopback
-from windve.service import Runtime
+from windve.service import Runtime, load_spec
 from windve.settings import Settings
 
 log = logging.getLogger("windve.dispatcher")
@@ -95,6 +96,10 @@ class Supervisor:
         if self.cores:
             os.sched_setaffinity(0, self.cores)
         (workdir / "settings.json").write_text(self.settings.model_dump_json())
+        # The spec `windve serve` checked (its weights hash kept while their stat holds): front ends
+        # read it rather than hash the weights again, a second per GB each, and name the same model
+        # the engines load should its files change while the service runs.
+        (workdir / "spec.json").write_text(json.dumps(load_spec(self.settings).to_dict()))
         (workdir / "metrics").mkdir()
         board = StateBoard(workdir / "board", create=True)
         server = DispatcherServer(str(workdir / "dispatcher.sock"), board, lambda: self.runtime, self._front_end_pids)
@@ -197,6 +202,7 @@ class Supervisor:
                     sys.executable, "-m", "windve.frontend.process",
                     "--fd", str(listener.fileno()),
                     "--settings", str(workdir / "settings.json"),
+                    "--spec", str(workdir / "spec.json"),
                     "--dispatcher", str(workdir / "dispatcher.sock"),
                     "--board", str(workdir / "board"),
                     "--drain-seconds", str(self.drain_seconds),

@@ -74,14 +74,13 @@ class RankPlan:
 
     def to_json(self) -> bytes:
         fields = dataclasses.asdict(self)
-        fields["spec"]["path"] = str(self.spec.path)
+        fields["spec"] = self.spec.to_dict()
         return json.dumps(fields).encode()
 
     @classmethod
     def from_json(cls, data: bytes) -> RankPlan:
         fields = json.loads(data)
         spec = fields.pop("spec")
-        spec["path"] = Path(spec["path"])
         layout = fields.pop("layout")
         return cls(
             spec=ModelSpec(**spec),

@@ -40,13 +40,10 @@ async def start_local_front_end(settings: Settings) -> FrontEnd:
     return FrontEnd(settings, runtime.spec, runtime.tokenizer, LocalDispatcher(runtime), runtime.dtype)
 
 
-def remote_front_end_factory(address: str, board: Path):
-    """A factory for front ends of a dispatcher in another process; the model is only read."""
+def remote_front_end_factory(address: str, board: Path, spec: ModelSpec):
+    """A factory for front ends of a dispatcher in another process, which read `spec`."""
 
     async def start(settings: Settings) -> FrontEnd:
-        from windve.service import load_spec
-
-        spec = load_spec(settings)
         dispatcher = RemoteDispatcher(address, board)
         dispatcher.start()
         dtype = resolve_dtype(settings.dtype, "cpu")

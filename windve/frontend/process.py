@@ -2,8 +2,9 @@
 opened for it (one per front end, all on the service's port with SO_REUSEPORT), talking to the
 parent's dispatcher.
 
-Started by the parent as `python -m windve.frontend.process --fd N --settings FILE
---dispatcher ADDRESS --board FILE [--heartbeat-fd M] [--parent PID]`; the parent's environment sets
+Started by the parent as `python -m windve.frontend.process --fd N --settings FILE --spec FILE
+--dispatcher ADDRESS --board FILE [--heartbeat-fd M] [--parent PID]` (the spec: the model as the
+parent read it, windve.model.ModelSpec.to_dict); the parent's environment sets
 PROMETHEUS_MULTIPROC_DIR, so that /metrics adds up every front end's counters. The event loop
 stamps the heartbeat board M (windve.heartbeat) while it turns: the parent kills a front end
 that serves and falls silent, and starts another.
@@ -58,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="windve front end")
     parser.add_argument("--fd", type=int, required=True)
     parser.add_argument("--settings", type=Path, required=True)
+    parser.add_argument("--spec", type=Path, required=True)
     parser.add_argument("--dispatcher", required=True)
     parser.add_argument("--board", type=Path, required=True)
     parser.add_argument("--drain-seconds", type=int, default=30)
@@ -73,11 +75,12 @@ def main(argv: list[str] | None = None) -> int:
     from windve.frontend.app import create_app
     from windve.frontend.context import remote_front_end_factory
     from windve.frontend.server import FrontEndServer
+    from windve.model import ModelSpec
 
     fatal: list[str] = []
     app = create_app(
         settings,
-        remote_front_end_factory(args.dispatcher, args.board),
+        remote_front_end_factory(args.dispatcher, args.board, ModelSpec(**json.loads(args.spec.read_text()))),
         on_fatal=fatal.append,
         heartbeat_fd=args.heartbeat_fd,
     )
