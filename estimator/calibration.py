@@ -248,7 +248,8 @@ def fingerprint_mismatch(calibration: Calibration, model_revision: str, hardware
         )
     if calibration.hardware_fingerprint != hardware_fp:
         warnings.append(
-            f"calibration was measured on hardware {calibration.hardware_fingerprint!r}, "
-            f"this machine is {hardware_fp!r}: its depths may not hold; re-run `windve calibrate`"
+            f"calibration was measured on hardware or a set-up {calibration.hardware_fingerprint!r} "
+            f"(engine, dtype, batch limits), this service is {hardware_fp!r}: its depths may not hold; "
+            "re-run `windve calibrate`"
         )
     return warnings

@@ -34,9 +34,17 @@ def connection_options(timeout_seconds: float) -> dict[str, Any]:
     }
 
 
+# Connections a process opens at most; a call beyond them waits for one (up to the timeout). The
+# pool redis-py builds by default raises at its 101st connection instead, which under 400
+# concurrent requests read as Redis being down and switched the cache off while Redis idled.
+MAX_CONNECTIONS = 64
+
+
 def create_async_redis(url: str, timeout_seconds: float, **options: Any) -> redis.asyncio.Redis:
     """An asyncio client; connects lazily, so it can be built before the event loop runs."""
-    return redis.asyncio.from_url(url, **{**connection_options(timeout_seconds), **options})
+    pooled = {**connection_options(timeout_seconds), "max_connections": MAX_CONNECTIONS, "timeout": timeout_seconds}
+    pool = redis.asyncio.BlockingConnectionPool.from_url(url, **{**pooled, **options})
+    return redis.asyncio.Redis.from_pool(pool)
 
 
 def describe_url(url: str) -> str:

@@ -59,7 +59,7 @@ class Runtime:
         self.hardware = hardware
         self.plan = plan
         self.instances = instances
-        self.dtype = resolve_dtype(settings.dtype, "cpu")
+        self.dtype = resolve_dtype(settings.dtype, "cpu", settings.engine)
         self.queue_manager: QueueManager | None = None
         self.depths: dict[str, DepthSource] = {}
         self.calibration: Calibration | None = None
@@ -294,7 +294,7 @@ class Runtime:
 
     @property
     def hardware_fingerprint(self) -> str:
-        return hardware_fingerprint(self.hardware, self.plan)
+        return hardware_fingerprint(self.hardware, self.plan, self.settings)
 
     async def close(self) -> None:
         self.accepting = self.ready = False
@@ -415,14 +415,15 @@ def build_instance(
         rank_cores = [list(inst.cores)]
         nodes = [topology.node_of(inst.cores[0]) if inst.cores else 0]
     accelerator_pool = inst.pool == "accelerator"
+    engine, dtype = _engine_and_dtype(settings, inst)
     return EngineProcessInstance(
         spec,
         name=inst.name,
         pool=inst.pool,
         rank_cores=rank_cores,
         numa_nodes=nodes,
-        engine=inst.engine or settings.engine,
-        dtype=resolve_dtype(settings.dtype, inst.device),
+        engine=engine,
+        dtype=dtype,
         max_batch_tokens=settings.accelerator_max_batch_tokens if accelerator_pool else settings.max_batch_tokens,
         onnx_cache_dir=settings.onnx_cache_dir,
         device=inst.device,
@@ -432,8 +433,11 @@ def build_instance(
     )
 
 
-def hardware_fingerprint(hardware: devices.Hardware, plan: devices.Plan) -> str:
-    """Stable across restarts of the same machine type and plan; changes with either."""
+def hardware_fingerprint(hardware: devices.Hardware, plan: devices.Plan, settings: Settings) -> str:
+    """The machine type, the plan and what else sets a pool's speed (each instance's engine and
+    dtype, each pool's batch limits): stable across restarts of one set-up, changed by any of
+    them. A calibration in Redis is keyed by it: one measured in fp16 on the CPU pool (depth 8)
+    had been taken by replicas serving bf16 there (the probe found 79)."""
     topology = hardware.topology
     described = {
         "arch": topology.arch,
@@ -443,5 +447,17 @@ def hardware_fingerprint(hardware: devices.Hardware, plan: devices.Plan) -> str:
             [(inst.device, len(inst.cores), inst.tp, inst.engine) for inst in pool.instances]
             for pool in plan.pools
         ],
+        "serving": {
+            pool.name: {
+                "engines": [_engine_and_dtype(settings, inst) for inst in pool.instances],
+                "batch": batch_limits(settings, pool.name),
+            }
+            for pool in plan.pools
+        },
     }
     return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _engine_and_dtype(settings: Settings, inst: devices.InstanceSpec) -> tuple[str, str]:
+    engine = inst.engine or settings.engine
+    return engine, resolve_dtype(settings.dtype, inst.device, engine)

@@ -75,6 +75,27 @@ def test_dtype_auto_resolution():
     assert resolve_dtype("auto", "cpu") in {"bf16", "fp32"}
 
 
+def test_dtype_auto_never_gives_the_onnx_engine_bf16(model_spec, monkeypatch):
+    """On a CPU with bf16 units `engine: onnx` with the default dtype had stopped the start
+    ("onnx engine supports fp32 and fp16, not bf16"): the instance was built with auto resolved
+    for torch."""
+    import windve.engines.factory as factory
+    from devices import detect_hardware
+    from windve.service import build_instance, make_plan
+    from windve.settings import Settings
+
+    monkeypatch.setattr(factory, "cpu_supports_bf16", lambda: True)
+    assert factory.resolve_dtype("auto", "cpu") == "bf16"
+    assert factory.resolve_dtype("auto", "cpu", "onnx") == "fp32"
+    assert factory.resolve_dtype("auto", "cuda:0", "onnx") == "fp16"
+    hardware = detect_hardware()
+    for engine, dtype in (("onnx", "fp32"), ("torch", "bf16")):
+        settings = Settings(engine=engine)
+        plan = make_plan(settings, hardware)
+        instance = build_instance(settings, model_spec, hardware, plan.pools[0].instances[0])
+        assert instance.dtype == dtype
+
+
 def test_pad_batch_masks_padding():
     ids, mask = pad_batch([np.array([101, 7, 102]), np.array([101, 102])])
     assert ids.tolist() == [[101, 7, 102], [101, 102, 0]]

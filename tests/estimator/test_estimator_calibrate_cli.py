@@ -316,7 +316,7 @@ def test_by_default_a_server_is_started_for_each_pool_profiled_over_http_and_sto
 
     settings = load_settings()
     hardware = devices.detect_hardware(settings.sysfs_root)
-    assert calibration.hardware_fingerprint == hardware_fingerprint(hardware, make_plan(settings, hardware))
+    assert calibration.hardware_fingerprint == hardware_fingerprint(hardware, make_plan(settings, hardware), settings)
     assert collector_when_measuring == [YOUNG_THRESHOLD]
 
 

@@ -167,4 +167,4 @@ def test_calibrate_command_by_default_profiles_the_served_path(tmp_path: Path, c
     assert pool.at(0.3).estimate  # the served path meets 0.3 s with one query at least
     settings = load_settings()
     hardware = devices.detect_hardware(settings.sysfs_root)
-    assert calibration.hardware_fingerprint == hardware_fingerprint(hardware, make_plan(settings, hardware))
+    assert calibration.hardware_fingerprint == hardware_fingerprint(hardware, make_plan(settings, hardware), settings)

@@ -131,6 +131,32 @@ def test_redis_round_trip_is_byte_identical_across_replicas(redis_server) -> Non
     client.close()
 
 
+def test_more_concurrent_requests_than_connections_wait_for_one(redis_server) -> None:
+    """400 lookups at once, as 400 clients of one front end make them: redis-py's default pool
+    raised at its 101st connection, which read as Redis down and switched the cache off while
+    Redis idled. They now share a bounded pool and all hit."""
+    from windve.redis_client import MAX_CONNECTIONS
+
+    keys = cache_keys("m", "r", True, True, ["concurrent"])
+    settings = cache_settings(redis_server.url, redis_timeout_seconds=5.0)  # a loaded machine
+
+    async def scenario() -> list:
+        cache = create_cache(settings, l1_entries=0)
+        await cache.put_many(keys, random_vectors(1, seed=4))
+        found = await asyncio.gather(*(cache.get_many(keys) for _ in range(400)))
+        stats = cache.stats()
+        await cache.close()
+        return found, stats
+
+    client = redis.Redis.from_url(redis_server.url)
+    connections_before = client.info("stats")["total_connections_received"]  # this client's included
+    found, stats = asyncio.run(scenario())
+    assert all(vectors[0] is not None for vectors in found)
+    assert stats["redis_state"] == "closed" and not stats.get("errors")
+    assert client.info("stats")["total_connections_received"] - connections_before <= MAX_CONNECTIONS
+    client.close()
+
+
 def test_redis_cache_answers_from_l1_and_mixes_hits_and_misses(redis_server) -> None:
     settings = cache_settings(redis_server.url)
     keys = cache_keys("m", "r", True, True, ["a", "b", "c", "d"])

@@ -406,7 +406,7 @@ async def _calibrate(
             results[name] = await calibrate_pool(name, submit, texts.make_query, options, progress)
     calibration = calibration_of(
         results, options, model_name=spec.name, model_revision=spec.revision,
-        hardware_fingerprint=hardware_fingerprint(hardware, plan),
+        hardware_fingerprint=hardware_fingerprint(hardware, plan, settings),
     )
     return dataclasses.replace(calibration, cpu_layout=layout)
 

@@ -124,9 +124,8 @@ class EngineProcessInstance:
         self.rank_threads = split_threads(threads, self.rank_cores)
         self.numa_nodes = list(numa_nodes)
         self.engine = engine
-        # onnx has no bf16: "auto" must not pick it for that engine.
         self.device = device
-        self.dtype = "fp32" if engine == "onnx" and dtype == "auto" else resolve_dtype(dtype, device)
+        self.dtype = resolve_dtype(dtype, device, engine)
         self.dim = spec.dim
         self.onnx_cache_dir = str(onnx_cache_dir) if onnx_cache_dir else None
         self.start_timeout = start_timeout

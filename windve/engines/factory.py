@@ -15,20 +15,21 @@ def cpu_supports_bf16() -> bool:
     return any(flag in flags for flag in ("avx512_bf16", "amx_bf16", " bf16"))
 
 
-def resolve_dtype(dtype: str, device: str) -> str:
-    """`auto`: fp16 on accelerators, bf16 on CPUs with bf16 units, else fp32."""
+def resolve_dtype(dtype: str, device: str, engine: str = "torch") -> str:
+    """`auto`: fp16 on accelerators, bf16 on CPUs with bf16 units for torch, else fp32 (the onnx
+    engine has no bf16: `auto` with it had stopped the start on every CPU with bf16 units)."""
     if dtype != "auto":
         return dtype
     if device.startswith(("cuda", "npu")):
         return "fp16"
-    return "bf16" if cpu_supports_bf16() else "fp32"
+    return "bf16" if engine == "torch" and cpu_supports_bf16() else "fp32"
 
 
 def create_engine(
     spec: ModelSpec, engine: str, device: str, dtype: str, cache_dir=None, threads: int | None = None
 ) -> Engine:
     """`threads` sizes onnxruntime's own pool; torch's is process-wide (torch.set_num_threads)."""
-    dtype = resolve_dtype(dtype, device)
+    dtype = resolve_dtype(dtype, device, engine)
     if engine == "torch":
         from windve.engines.torch_engine import TorchEngine
 

@@ -46,7 +46,7 @@ def remote_front_end_factory(address: str, board: Path, spec: ModelSpec):
     async def start(settings: Settings) -> FrontEnd:
         dispatcher = RemoteDispatcher(address, board)
         dispatcher.start()
-        dtype = resolve_dtype(settings.dtype, "cpu")
+        dtype = resolve_dtype(settings.dtype, "cpu", settings.engine)
         return FrontEnd(settings, spec, TextTokenizer(spec, settings.max_input_tokens), dispatcher, dtype)
 
     return start
