@@ -25,9 +25,10 @@ _LAST_SPACE = re.compile(r"\s\S*\Z")
 
 
 class InputTooLong(ValueError):
-    def __init__(self, index: int, tokens: int, limit: int) -> None:
+    def __init__(self, index: int, tokens: int, limit: int, at_least: bool = False) -> None:
+        counted = f"at least {tokens}" if at_least else f"{tokens}"
         super().__init__(
-            f"input {index} has {tokens} tokens, more than the model's limit of {limit}; "
+            f"input {index} has {counted} tokens, more than the model's limit of {limit}; "
             "shorten it or send truncate=true"
         )
         self.index, self.tokens, self.limit = index, tokens, limit
@@ -66,8 +67,11 @@ class TextTokenizer:
         sequences = []
         for index, encoding in enumerate(encodings):
             if encoding.overflowing and not truncate:
-                full = len(self._full.encode(texts[index]).ids)
-                raise InputTooLong(index, full, self.max_tokens)
+                # Counted in bounded pieces, which let go of the interpreter lock: a whole 2 MB
+                # text in one encode held it 4 s, and /health waited behind it.
+                text = texts[index]
+                counted = self.count_tokens([text], add_special_tokens=True, stop_above=self.max_tokens)
+                raise InputTooLong(index, counted, self.max_tokens, at_least=len(text) > COUNT_CHUNK_CHARS)
             sequences.append(np.asarray(encoding.ids, dtype=np.int32))
         return sequences
 
