@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from estimator.raw_http import Connection, ConnectionPool, NoAnswer, Target
-from windve.depths import PROBE_TOKENS, DepthSource, probe_rounds
+from windve.depths import PROBE_TOKENS, WARM_UP_HEADER, DepthSource, probe_rounds
 
 Address = tuple[str, int]
 
@@ -97,7 +97,8 @@ def exact_length_texts(model_path: Path, tokens: int = PROBE_TOKENS) -> Callable
 
 
 def _request(target: Target, text: str, api_key: str | None) -> bytes:
-    headers = {"Cache-Control": "no-cache, no-store"}  # random texts: nothing to find, nothing worth keeping
+    # Random texts: nothing to find, nothing worth keeping in the cache.
+    headers = {"Cache-Control": "no-cache, no-store", WARM_UP_HEADER: "1"}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
     return target.request("POST", "/embed", json.dumps({"inputs": text}).encode(), headers)

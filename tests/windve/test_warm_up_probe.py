@@ -42,13 +42,20 @@ def _check_probed_over_http(server: ServerProcess) -> None:
         assert pool["depth"] >= 1 and pool["seed_depth"] == pool["depth"]
         assert fit["alpha"] > 0 and fit["beta"] > 0 and fit["query_tokens"] == PROBE_TOKENS
     metrics = httpx.get(server.url + "/metrics", timeout=30).text
-    # Every probe query was an HTTP request answered 200 by a front end, tokenized there to
-    # PROBE_TOKENS tokens; its Cache-Control kept the embedding cache (on by default) out of it.
+    # Every probe query was an HTTP request that a front end tokenized; its Cache-Control kept the
+    # embedding cache (on by default) out of it. The clients' metrics leave the probe's requests
+    # out (a deploy had shown hundreds of requests over the SLO before its first client).
     queries = sum(_probe_queries(pool["fit"]["batch"]) for pool in pools)
-    assert metric_sum(metrics, "windve_requests_total", route="embed", status="200") == queries
-    assert metric_sum(metrics, "windve_requests_total") == queries
-    assert metric_sum(metrics, "windve_input_tokens_total") == queries * PROBE_TOKENS
+    assert metric_sum(metrics, "windve_tokenization_seconds_count") == queries
+    assert metric_sum(metrics, "windve_requests_total") == metric_sum(metrics, "windve_input_tokens_total") == 0
+    assert metric_sum(metrics, "windve_request_seconds_count") == 0
     assert metric_sum(metrics, "windve_cache_hits_total") == metric_sum(metrics, "windve_cache_misses_total") == 0
+
+
+def _check_a_client_is_counted(server: ServerProcess) -> None:
+    assert httpx.post(server.url + "/embed", json={"inputs": "a client"}, timeout=60).status_code == 200
+    metrics = httpx.get(server.url + "/metrics", timeout=30).text
+    assert metric_sum(metrics, "windve_requests_total", route="embed", status="200") == 1
 
 
 def test_one_process_probes_through_its_own_front_end(tmp_path):
@@ -56,6 +63,7 @@ def test_one_process_probes_through_its_own_front_end(tmp_path):
     try:
         _check_probed_over_http(server)
         assert "(warm-up probe (http))" in server.log()
+        _check_a_client_is_counted(server)
     finally:
         server.stop()
 
@@ -68,7 +76,7 @@ def test_two_front_ends_take_the_probe_of_the_dispatcher(tmp_path):
         assert len(dispatcher["front_ends"]) == 2
         # The probe's pinned depths are the warm-up's, not the service's: not in the peak.
         assert dispatcher["peak_in_flight"] == {}
-        assert httpx.post(server.url + "/embed", json={"inputs": "after the probe"}, timeout=60).status_code == 200
+        _check_a_client_is_counted(server)
     finally:
         server.stop()
 

@@ -17,6 +17,7 @@ from starlette.requests import Request
 
 from queue_manager.protocol import Busy, QueryFailed, ShuttingDown, Unavailable
 from windve.cache import EmbeddingCache, cache_keys
+from windve.depths import WARM_UP_HEADER
 from windve.frontend import metrics
 from windve.frontend.context import FrontEnd
 from windve.frontend.errors import BACKEND, OVERLOADED, TOO_LARGE, UNHEALTHY, VALIDATION, ApiError
@@ -102,10 +103,13 @@ class EmbeddingPipeline:
                 raise refusal(exc) from None
         sequences = await self._tokenize(texts, truncate, field, side)  # all of them: usage counts every token
         tokens = sum(len(seq) for seq in sequences)
-        metrics.REQUEST_TOKENS.observe(tokens)
+        count = counted(request)
+        if count:
+            metrics.REQUEST_TOKENS.observe(tokens)
         if missing:
             waited = time.perf_counter() - arrived
-            metrics.FRONT_END_TIME.observe(waited)
+            if count:
+                metrics.FRONT_END_TIME.observe(waited)
             fresh = await self._submit([sequences[i] for i in missing], request, waited)
             if normalize:
                 fresh = normalized(fresh)
@@ -115,8 +119,9 @@ class EmbeddingPipeline:
                 vectors[missing] = fresh
             if keys is not None and use.write:
                 await self.cache.put_many([keys[i] for i in missing], fresh)
-        metrics.TOKENS.inc(tokens)
-        metrics.INPUTS.inc(len(texts))
+        if count:
+            metrics.TOKENS.inc(tokens)
+            metrics.INPUTS.inc(len(texts))
         return vectors, tokens
 
     async def _tokenize(self, texts: Sequence[str], truncate: bool, field: str, side: str) -> list[np.ndarray]:
@@ -214,6 +219,11 @@ def arrival(scope) -> float:
     where nothing stamped it)."""
     stamp = scope.get(ARRIVED)
     return time.perf_counter() if stamp is None else stamp
+
+
+def counted(request: Request) -> bool:
+    """Whether the request's metrics are the clients': the warm-up probe's are left out."""
+    return WARM_UP_HEADER not in request.headers
 
 
 def release_pass(scope) -> None:

@@ -28,7 +28,7 @@ from windve.frontend.body import read_json
 from windve.frontend.dimensions import allowed_dimensions, cut, requested_dimensions
 from windve.frontend.errors import MODEL_NOT_FOUND, ApiError, json_response
 from windve.frontend.exposition import combined_metrics
-from windve.frontend.pipeline import BUSY_ANSWERED, ClientGone, EmbeddingPipeline, arrival
+from windve.frontend.pipeline import BUSY_ANSWERED, ClientGone, EmbeddingPipeline, arrival, counted
 from windve.frontend.schemas import (
     EmbedRequest,
     OpenAIEmbeddingRequest,
@@ -87,7 +87,8 @@ async def _answered(
         check_api_key(request)
         return await handle()
     except ApiError as error:
-        metrics.ERRORS.labels(route, error.error_type).inc()
+        if counted(request):
+            metrics.ERRORS.labels(route, error.error_type).inc()
         response = error_shape(error)
         status = response.status_code  # the status sent: OpenAI's shape answers 400 where TEI's says 422
         if status == 429:
@@ -97,11 +98,12 @@ async def _answered(
         status = CLIENT_CLOSED
         return Response(status_code=CLIENT_CLOSED)
     finally:
-        metrics.REQUESTS.labels(route, str(status)).inc()
-        # Refusals and errors are counted above; as latencies they would hide the answers'. Model
-        # lists and /tokenize are not the SLO's: their instant 200s would dilute it.
-        if status == 200 and route in TIMED_ROUTES:  # (defined below, with the routes)
-            metrics.E2E_TIME.labels(route).observe(time.perf_counter() - started)
+        if counted(request):  # not the warm-up probe's: the clients' metrics start with the clients
+            metrics.REQUESTS.labels(route, str(status)).inc()
+            # Refusals and errors are counted above; as latencies they would hide the answers'. Model
+            # lists and /tokenize are not the SLO's: their instant 200s would dilute it.
+            if status == 200 and route in TIMED_ROUTES:  # (defined below, with the routes)
+                metrics.E2E_TIME.labels(route).observe(time.perf_counter() - started)
 
 
 _EMBED_ROUTE = {
