@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 
 import pytest
 
@@ -20,6 +21,7 @@ from windve.frontend.http_protocol import JsonErrorHttpToolsProtocol
 @pytest.fixture
 def served(monkeypatch):
     monkeypatch.setattr(head_limits, "HEAD_SECONDS", 0.5)
+    monkeypatch.setattr(head_limits, "BODY_IDLE_SECONDS", 0.5)
     app = RecordingApp()
     app.dispatcher.full = None  # room
     with uvicorn_in_thread(OverloadGate(app), http=JsonErrorHttpToolsProtocol, loop="asyncio") as (_, port):
@@ -49,6 +51,27 @@ def test_a_head_that_stops_coming_is_408_and_a_silent_connection_is_closed(serve
     with socket.create_connection(("127.0.0.1", port), timeout=30) as silent:
         assert silent.recv(1) == b""  # closed with no answer: it asked nothing
     assert app.seen == []
+
+
+def test_a_body_that_stops_coming_is_408_and_one_that_keeps_coming_is_served(served):
+    """A head and part of a body, then nothing: held unanswered for as long as the client kept the
+    connection (1,000 such held 1,000 descriptors past a minute). A slow body is not a stalled one."""
+    app, port = served
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as stalled:
+        stalled.sendall(post("/embed", BODY)[:-3])
+        answers = read_answers(stalled, 1)
+        assert stalled.recv(1) == b""
+    assert [status for status, _, _ in answers] == [408], answers
+    assert "body stopped arriving" in json.loads(answers[0][2])["error"]
+    request = post("/embed", BODY)
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as slow:
+        head_end = request.index(b"\r\n\r\n") + 4
+        slow.sendall(request[:head_end])
+        for offset in range(head_end, len(request)):  # a client's pace, not a wait for the server
+            time.sleep(0.1)  # a byte every 0.1 s: 2 s in all, well past 0.5 s
+            slow.sendall(request[offset : offset + 1])
+        answers = read_answers(slow, 1)
+    assert [status for status, _, _ in answers] == [200], answers
 
 
 def test_heads_within_bounds_and_pipelined_bodies_are_served(served):

@@ -6,6 +6,10 @@ while it came in); a connection that sent part of a head, or nothing, stayed ope
 holding a descriptor. As hyper (TEI's server) does, a head must arrive within HEAD_SECONDS of the
 connection or of its request's first byte; past MAX_HEAD_BYTES it is refused with 431 (nginx's
 default allows 32 KiB; uvicorn's h11 protocol 16 KiB).
+
+A body, once its head is in, must keep coming: BODY_IDLE_SECONDS without a byte of it is a 408
+(nginx's client_body_timeout, 60 s, times the gap between two reads too). A connection that sent
+a head and part of its body had been kept, unanswered, for as long as it stayed open.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from collections.abc import Callable
 
 MAX_HEAD_BYTES = 64 * 1024
 HEAD_SECONDS = 30.0
+BODY_IDLE_SECONDS = 30.0
 
 
 class HeadGuard:
@@ -58,3 +63,34 @@ class HeadGuard:
     def _fire(self) -> None:
         self._timer = None
         self._on_timeout()
+
+
+class BodyTimer:
+    """One connection's body in progress: `on_timeout` is called once BODY_IDLE_SECONDS pass
+    without a byte of it. One timer per body, moved on only when it fires, not at every read."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, on_timeout: Callable[[], None]) -> None:
+        self._loop = loop
+        self._on_timeout = on_timeout
+        self._timer: asyncio.TimerHandle | None = None
+        self._last = 0.0
+
+    def progress(self) -> None:
+        """A body begins (its head is in) or some of it came."""
+        self._last = self._loop.time()
+        if self._timer is None:
+            self._timer = self._loop.call_at(self._last + BODY_IDLE_SECONDS, self._check)
+
+    def done(self) -> None:
+        """The body is complete, or the connection gone."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _check(self) -> None:
+        self._timer = None
+        deadline = self._last + BODY_IDLE_SECONDS
+        if self._loop.time() < deadline:  # bytes came since the timer was set
+            self._timer = self._loop.call_at(deadline, self._check)
+        else:
+            self._on_timeout()

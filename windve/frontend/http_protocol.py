@@ -39,7 +39,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from windve.frontend.arrival_stamps import stamp_arrivals
 from windve.frontend.errors import MALFORMED, TOO_LARGE, ApiError, json_response
 from windve.frontend.gate import OverloadGate
-from windve.frontend.head_limits import HEAD_SECONDS, MAX_HEAD_BYTES, HeadGuard
+from windve.frontend.head_limits import BODY_IDLE_SECONDS, HEAD_SECONDS, MAX_HEAD_BYTES, BodyTimer, HeadGuard
 from windve.frontend.pipeline import ARRIVED, BUSY_ANSWERED, LANE_WAIT, release_pass
 from windve.frontend.routes import HEALTH_PATHS, health_answer
 from windve.frontend.slow_lane import PATIENCE, peer_closed, waiting_since
@@ -77,6 +77,7 @@ class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
         _no_delay(transport)
         self._head = HeadGuard(self.loop, self._head_timed_out)
         self._head.begin()
+        self._body = BodyTimer(self.loop, self._body_timed_out)
         if getattr(self.server_state, "draining", False):  # accepted while the server drains (server.py)
             self._shutting_down = True
         stamp_arrivals(transport)
@@ -96,6 +97,7 @@ class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._head.done()
+        self._body.done()
         if (unwatch := getattr(self.loop, "unwatch_arrivals", None)) is not None:
             unwatch(self._watched)
             self._watched = None
@@ -136,6 +138,7 @@ class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._head.done()
+        self._body.progress()  # until on_message_complete: a request without a body ends at once
         if not (self._health_early() or self._refuse_early()):
             super().on_headers_complete()
             if self._shutting_down and self.cycle is not None:
@@ -179,10 +182,12 @@ class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
         return True
 
     def on_body(self, body: bytes) -> None:
+        self._body.progress()
         if self._refused is None:
             super().on_body(body)
 
     def on_message_complete(self) -> None:
+        self._body.done()
         if self._refused is None:
             super().on_message_complete()
             return
@@ -277,6 +282,17 @@ class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
             self._refuse_head(408, f"the request's line and headers did not arrive within {HEAD_SECONDS:g} s")
         else:
             self.transport.close()
+
+    def _body_timed_out(self) -> None:
+        """A body stopped coming: 408 and close, or only close where an answer has begun (the app
+        answered without reading the whole body)."""
+        if self.transport.is_closing():
+            return
+        self._refused = None  # an early refusal waits for the body's end, which is not coming
+        if self.cycle is not None and self.cycle.response_started:
+            self.transport.close()
+        else:
+            self._refuse_head(408, f"the request's body stopped arriving: nothing of it for {BODY_IDLE_SECONDS:g} s")
 
     def _refuse_head(self, status: int, message: str) -> None:
         response = ApiError(status, message, MALFORMED).response_for(_path(getattr(self, "url", b"") or b"/"))
