@@ -22,15 +22,26 @@ HEAD_SECONDS = 30.0
 BODY_IDLE_SECONDS = 30.0
 
 
-class HeadGuard:
-    """One connection's head in progress: counts its bytes and times it out.
-
-    `on_timeout` is called when a head took longer than `seconds` to arrive."""
+class _Timed:
+    """A deadline on part of a request, which calls `on_timeout` when it passes."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, on_timeout: Callable[[], None]) -> None:
         self._loop = loop
         self._on_timeout = on_timeout
         self._timer: asyncio.TimerHandle | None = None
+
+    def done(self) -> None:
+        """That part is complete, or the connection gone."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
+class HeadGuard(_Timed):
+    """One connection's head in progress: counts its bytes and times it out (HEAD_SECONDS)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, on_timeout: Callable[[], None]) -> None:
+        super().__init__(loop, on_timeout)
         self.received = 0  # bytes read since the head began
         self.heads = 0  # heads begun on this connection
 
@@ -54,25 +65,17 @@ class HeadGuard:
         self.received += size
         return self.received > MAX_HEAD_BYTES
 
-    def done(self) -> None:
-        """The head is complete, or the connection gone."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
     def _fire(self) -> None:
         self._timer = None
         self._on_timeout()
 
 
-class BodyTimer:
+class BodyTimer(_Timed):
     """One connection's body in progress: `on_timeout` is called once BODY_IDLE_SECONDS pass
     without a byte of it. One timer per body, moved on only when it fires, not at every read."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, on_timeout: Callable[[], None]) -> None:
-        self._loop = loop
-        self._on_timeout = on_timeout
-        self._timer: asyncio.TimerHandle | None = None
+        super().__init__(loop, on_timeout)
         self._last = 0.0
 
     def progress(self) -> None:
@@ -80,12 +83,6 @@ class BodyTimer:
         self._last = self._loop.time()
         if self._timer is None:
             self._timer = self._loop.call_at(self._last + BODY_IDLE_SECONDS, self._check)
-
-    def done(self) -> None:
-        """The body is complete, or the connection gone."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
 
     def _check(self) -> None:
         self._timer = None
