@@ -90,8 +90,10 @@ def test_job_measures_what_the_serving_pods_will_run(chart: Any, values: Any) ->
     assert calibrate["resources"] == windve["resources"]
     assert calibrate["volumeMounts"] == windve["volumeMounts"]
     assert env_of(calibrate) == {k: v for k, v in env_of(windve).items() if k != "WINDVE_API_KEY"}
-    for key in ("nodeSelector", "tolerations", "affinity", "runtimeClassName"):
+    for key in ("nodeSelector", "tolerations", "runtimeClassName"):
         assert pod_spec(job).get(key) == pod_spec(server).get(key), key
+    # The servers keep off each other's nodes; the Job is not one of them.
+    assert "podAntiAffinity" in pod_spec(server)["affinity"] and "affinity" not in pod_spec(job)
 
 
 def test_npu_job_takes_the_npu_before_the_deployment_does(chart: Any) -> None:

@@ -154,7 +154,7 @@ def test_config_file_and_env_make_valid_windve_settings(
 
 def test_example_values_reach_the_settings_file(releases: dict[str, Release]) -> None:
     gpu = config_file(releases["gpu"])
-    assert (gpu["slo_seconds"], gpu["heterogeneous"], gpu["dtype"]) == (2.0, True, "fp16")
+    assert (gpu["slo_seconds"], gpu["heterogeneous"], gpu["dtype"]) == (2.0, True, "auto")
     off = config_file(releases["calibration-off"])
     assert (off["heterogeneous"], off["device"], off["cpu_depth"]) == (False, "cpu", 24)
 
@@ -280,6 +280,43 @@ def test_api_key_comes_from_a_secret(releases: dict[str, Release], chart: Any) -
     reference = env_of(container(existing.server()))["WINDVE_API_KEY"]["valueFrom"]["secretKeyRef"]
     assert reference == {"name": "team-keys", "key": "windve"}
     assert "WINDVE_API_KEY" not in env_of(container(releases["default"].server()))
+
+
+def test_a_changed_api_key_rolls_the_pods(chart: Any, releases: dict[str, Release]) -> None:
+    """A key changed in the values had left the pods on the old one (revoked, it kept working)."""
+
+    def annotations(key: str) -> dict[str, str]:
+        return render(chart, {"apiKey": {"value": key}}).server()["spec"]["template"]["metadata"]["annotations"]
+
+    first, second = annotations("first-key"), annotations("second-key")
+    assert first["checksum/api-key"] != second["checksum/api-key"]
+    assert "first-key" not in str(first)
+    assert "checksum/api-key" not in releases["default"].server()["spec"]["template"]["metadata"]["annotations"]
+
+
+def test_a_published_example_asks_for_a_key(releases: dict[str, Release]) -> None:
+    server = releases["production"].server()
+    assert releases["production"].all("Ingress")
+    assert "WINDVE_API_KEY" in env_of(container(server))
+
+
+def test_replicas_take_a_node_each(chart: Any, releases: dict[str, Release]) -> None:
+    """Each replica plans its engines over every CPU of its node: two on one node pin the same cores."""
+    server = releases["default"].server()
+    anti = pod_spec(server)["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert [term["topologyKey"] for term in anti] == ["kubernetes.io/hostname"]
+    assert selects(anti[0]["labelSelector"]["matchLabels"], server["spec"]["template"]["metadata"]["labels"])
+    assert "affinity" not in pod_spec(render(chart, {"oneReplicaPerNode": False}).server())
+    given = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}}
+    assert pod_spec(render(chart, {"affinity": given}).server())["affinity"] == given
+
+
+@pytest.mark.parametrize("example", ["gpu-values.yaml", "npu-values.yaml", "calibration-job-values.yaml"])
+def test_accelerator_examples_leave_the_cpu_pool_its_own_dtype(example: str) -> None:
+    """`dtype: fp16` sets every instance's, the CPU pool's too, where fp16 is slow: a calibration
+    in fp16 found depth 8 where the pool serves 79 in bf16. `auto` picks per device."""
+    values = values_file(example)
+    assert values["config"].get("dtype", "auto") == "auto"
 
 
 def test_queue_occupancy_autoscaler(releases: dict[str, Release]) -> None:

@@ -96,6 +96,14 @@ config.yaml: |
 (a generated one never does: upgrades keep it). Empty otherwise, and with
 redis.auth.existingSecret: the chart never sees that password, so a change to it needs a
 `kubectl rollout restart` of Redis and the servers (docs/deploy.md). */}}
+{{- /* Roll the pods when the chart's API key changes: a revoked key had kept working, and the
+new one been refused, until someone restarted them. */}}
+{{- define "windve.apiKeyChecksum" -}}
+{{- if and .Values.apiKey.value (not .Values.apiKey.existingSecret) }}
+checksum/api-key: {{ .Values.apiKey.value | sha256sum }}
+{{- end }}
+{{- end }}
+
 {{- define "windve.redisAuthChecksum" -}}
 {{- if and .Values.redis.enabled .Values.redis.auth.password }}
 checksum/redis-auth: {{ .Values.redis.auth.password | sha256sum }}
