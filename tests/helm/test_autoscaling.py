@@ -130,3 +130,36 @@ def test_scaling_on_an_accelerator_pool_the_pods_lack_fails_at_install(chart: An
 def test_target_must_be_a_quantity(chart: Any, helm: Any) -> None:
     with pytest.raises(helm.HelmValuesError, match="targetAverageValue"):
         render(chart, {"autoscaling": {"queueOccupancy": {"targetAverageValue": "70%"}}})
+
+
+SAFE = "bcdfghjklmnpqrstvwxz2456789"  # k8s.io/apimachinery's rand: pod-template hashes and pod ids
+
+
+def pod_name(deployment: str, template_hash: str, pod_id: str = "x7k2q") -> str:
+    """The name Kubernetes gives a Deployment's pod: its generateName cut to 58, then the id."""
+    return f"{deployment}-{template_hash}-"[:58] + pod_id
+
+
+@pytest.mark.parametrize("length", [20, 46, 47, 50, 55])
+def test_the_pod_matcher_holds_for_long_release_names(chart: Any, length: int) -> None:
+    """A fullname over 46 characters loses the dash before the pod's id (or part of its hash): the
+    old pattern, <fullname>-[a-z0-9]+-[a-z0-9]+, then matched no pod, and KEDA read 0 for ever."""
+    fullname = ("semantic-search-embeddings-production-eu1-windve-abcdefgh")[: length - 1] + "x"
+    values = values_file("production-values.yaml") | {"fullnameOverride": fullname}
+    (scaled,) = render(chart, values).all("ScaledObject")
+    (only,) = scaled["spec"]["triggers"]
+    query = only["metadata"]["query"]
+    labels = dict(re.findall(r'(\w+)=~?"((?:[^"\\]|\\.)*)"', query))
+    pods = re.compile(labels["pod"].encode().decode("unicode_escape"))
+    for template_hash in ("5d4f8c7b9d", "7b9d8f6b5", "6b5d"):
+        assert pods.fullmatch(pod_name(fullname, template_hash)), (fullname, template_hash)
+        redis = f"{fullname}-redis"[:63].rstrip("-")
+        assert not pods.fullmatch(pod_name(redis, template_hash))
+    assert not pods.fullmatch(f"{fullname}-calibrate-"[:58] + "x7k2q")  # the calibration Job's pod
+    assert not pods.fullmatch(pod_name("other-" + fullname, "5d4f8c7b9d"))
+
+
+def test_a_release_name_too_long_to_tell_its_pods_apart_is_refused(chart: Any, helm: Any) -> None:
+    values = values_file("production-values.yaml") | {"fullnameOverride": "w" * 56}
+    with pytest.raises(helm.HelmRenderError, match="over 55 characters"):
+        render(chart, values)

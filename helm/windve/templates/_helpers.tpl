@@ -16,10 +16,18 @@
 {{- end }}
 {{- end }}
 
-{{- /* PromQL label matchers for this release's server pods (Deployment pods are
-<fullname>-<hash>-<id>; PromQL anchors the regex, so Redis's pods and other releases' stay out). */}}
+{{- /* PromQL label matchers for this release's server pods. A Deployment's pod is named
+<fullname>-<hash>-<id>, cut to 58 characters before the 5-character <id> (so a long fullname
+loses the hash, or the dash before the id); hash and id are written in Kubernetes' alphabet of
+consonants and digits (k8s.io/apimachinery's rand), which no "-redis" or "-calibrate" matches.
+PromQL anchors the regex: Redis's pods, the Job's and other releases' stay out. A fullname over
+55 characters leaves too little of "-redis" to tell the server's pods from Redis's
+(windve.validate refuses it where a query needs it). */}}
 {{- define "windve.serverPodMatchers" -}}
-{{- printf "namespace=%q,pod=~%q" .Release.Namespace (printf "%s-[a-z0-9]+-[a-z0-9]+" (include "windve.fullname" .)) }}
+{{- $name := include "windve.fullname" . }}
+{{- $safe := "[bcdfghjklmnpqrstvwxz2456789]" }}
+{{- $pods := printf "%s-%s+(-%s+)?" (regexQuoteMeta $name) $safe $safe }}
+{{- printf "namespace=%q,pod=~%q" .Release.Namespace $pods }}
 {{- end }}
 
 {{- define "windve.chart" -}}

@@ -19,6 +19,9 @@ from the ConfigMap, which every release renders. */}}
 {{- if and .Values.calibration.enabled (not (has $redis (list "url" "secret"))) }}
 {{- fail "calibration.enabled runs the calibration Job before the release's objects exist (pre-install, while the accelerator is still free), so it needs a Redis that already exists: set redis.enabled=false with redis.externalUrl or redis.externalUrlSecret, or leave calibration off and let each pod probe its depths at start (config.depth_control=adaptive)" }}
 {{- end }}
+{{- if and (gt (len (include "windve.fullname" .)) 55) (or .Values.metrics.prometheusRule.enabled (and .Values.autoscaling.enabled .Values.autoscaling.keda.enabled)) }}
+{{- fail (printf "the release's full name %q is over 55 characters: its pods' names are cut so short that the alerts' and KEDA's queries could not tell the server's pods from Redis's. Use a shorter release name or fullnameOverride" (include "windve.fullname" .)) }}
+{{- end }}
 {{- if and .Values.httpRoute.enabled (not .Values.httpRoute.parentRefs) }}
 {{- fail "httpRoute.enabled needs httpRoute.parentRefs, the Gateway (and listener) the route attaches to" }}
 {{- end }}
