@@ -87,7 +87,7 @@ class QueueManager:
                 raise ValueError(f"pool {name!r} has no instances")
             # Static pools get a controller too: the live fit and tail are worth showing either way.
             pool.control = DepthController(control or ControlSettings(slo=1.0), pool.depth, now())
-            pool.metrics = metrics.PoolMetrics(pool)
+            pool.metrics = metrics.PoolMetrics(pool, self)
             self.pools.append(pool)
         # Algorithm 1: with heterogeneous computing off, only the first (accelerator) pool serves.
         self.heterogeneous = heterogeneous
@@ -101,6 +101,7 @@ class QueueManager:
         self._backlog = BulkBacklog()
         metrics.BULK_WAITING.set_function(lambda: self._backlog.waiting)
         self.draining = False
+        self.serving = False  # its depths are set for clients (the owner says so once it has set them)
         self.in_flight = 0  # over all pools: drain() waits for zero, and for no bulk query waiting
         self._idle = asyncio.Event()
         self._idle.set()

@@ -17,7 +17,16 @@ DEPTH = Gauge("windve_pool_depth", "Queue depth C_max of the pool, in queries", 
 IN_FLIGHT = Gauge("windve_pool_in_flight", "Queries admitted to the pool and not yet answered", ["pool"])
 QUEUED = Gauge("windve_pool_queued", "Queries waiting in the pool's instance queues", ["pool"])
 OCCUPANCY = Gauge(
-    "windve_queue_occupancy", "In-flight queries / depth of the pool (autoscaling signal)", ["pool"]
+    "windve_queue_occupancy",
+    "In-flight queries / depth of the pool while it serves clients, else 0 (autoscaling signal)",
+    ["pool"],
+)
+# The autoscaling queries weigh in-flight queries by it: the warm-up probe's (occupancy 0.25-0.5
+# for ~20 s) had read as demand, and each starting pod asked for most of another.
+SERVING = Gauge(
+    "windve_pool_serving",
+    "1 while the pool serves clients; 0 while the warm-up probe sets depths or the service drains",
+    ["pool"],
 )
 HEALTHY = Gauge("windve_pool_healthy_instances", "Instances of the pool able to serve", ["pool"])
 DISPATCHED = Counter("windve_pool_dispatched_queries", "Queries admitted to the pool", ["pool"])
@@ -60,7 +69,7 @@ LAST_MOVE_AT = Gauge(
 class PoolMetrics:
     """The pool's metric children, looked up once: labels() costs more than the update."""
 
-    def __init__(self, pool) -> None:  # queue_manager.pool.Pool; untyped to avoid an import cycle
+    def __init__(self, pool, manager) -> None:  # Pool and QueueManager; untyped to avoid an import cycle
         name = pool.name
         self.dispatched = DISPATCHED.labels(name)
         self.failovers = FAILOVERS.labels(name)
@@ -81,7 +90,12 @@ class PoolMetrics:
         DEPTH.labels(name).set_function(lambda: pool.depth)
         IN_FLIGHT.labels(name).set_function(lambda: pool.in_flight)
         QUEUED.labels(name).set_function(lambda: sum(len(slot.queue) for slot in pool.instances))
-        OCCUPANCY.labels(name).set_function(lambda: pool.in_flight / pool.depth if pool.depth else 0.0)
+
+        def serving() -> bool:
+            return manager.serving and not manager.draining
+
+        SERVING.labels(name).set_function(lambda: float(serving()))
+        OCCUPANCY.labels(name).set_function(lambda: pool.in_flight / pool.depth if pool.depth and serving() else 0.0)
         HEALTHY.labels(name).set_function(lambda: sum(slot.healthy for slot in pool.instances))
         SEED_DEPTH.labels(name).set_function(lambda: pool.seed_depth)
         FIT_ALPHA.labels(name).set_function(lambda: _fit_part(pool, "alpha"))

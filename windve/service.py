@@ -216,7 +216,7 @@ class Runtime:
         for name in self.instances:
             # A calibration from Redis that came while a probe ran wins, as it would live.
             self._use_depth(self._known_depth(name) or sources[name])
-        self.ready = True
+        self.ready = self.queue_manager.serving = True
 
     def _use_depth(self, source: DepthSource) -> None:
         self.depths[source.pool] = source

@@ -48,6 +48,7 @@ DASHBOARD_METRICS: frozenset[str] = frozenset({
 # Occupancy = in flight / depth; the adapter discovers pods by the occupancy series itself.
 AUTOSCALING_METRICS: frozenset[str] = frozenset({
     "windve_queue_occupancy",
+    "windve_pool_serving",
     "windve_pool_in_flight",
     "windve_pool_depth",
 })  # fmt: skip

@@ -41,7 +41,9 @@ def test_adapter_query_is_per_pod_and_honours_the_hpa_selector() -> None:
     assert metric_names(query) | metric_names(adapter_rule()["seriesQuery"]) <= AUTOSCALING_METRICS
     selectors = re.findall(r"windve_[a-z_]+\{([^}]*)\}", query)
     assert selectors and all(selector == "<<.LabelMatchers>>" for selector in selectors)
-    assert query.count("sum by (<<.GroupBy>>)") == len(selectors)
+    assert query.count("sum by (<<.GroupBy>>)") == 2  # in flight (of the pools that serve) / depth
+    # A pool whose warm-up probe runs counts nothing in flight: starting pods had read as demand.
+    assert "windve_pool_in_flight{<<.LabelMatchers>>} * windve_pool_serving{<<.LabelMatchers>>}" in query
 
 
 def test_hpa_can_scale_on_one_pool(chart: Any) -> None:
@@ -85,6 +87,7 @@ def test_keda_trigger_reads_this_releases_pod_occupancy(releases: dict[str, Rele
     assert not pods.fullmatch("other-windve-7c9d8f6b5d-x2x7q")
     # Summed per-pod occupancy over an AverageValue target: replicas = ceil(sum / target), as the HPA.
     assert query.startswith("sum(sum by (pod) (")
+    assert "windve_pool_in_flight{" + selector + "} * windve_pool_serving{" + selector + "}" in query
 
 
 @pytest.mark.parametrize(("target", "threshold"), [("700m", "0.7"), ("1500m", "1.5"), ("1", "1"), ("0.8", "0.8")])
@@ -124,7 +127,7 @@ def test_scaling_on_an_accelerator_pool_the_pods_lack_fails_at_install(chart: An
         render(chart, values)
     # An explicit plan may put a CPU engine in the accelerator pool: that one is left alone.
     values["config"] = {"cpu_layout": "explicit", "plan": [{"pool": "accelerator", "device": "cpu", "cores": [0]}]}
-    assert trigger(render(chart, values))["metadata"]["query"].count('pool="accelerator"') == 2
+    assert trigger(render(chart, values))["metadata"]["query"].count('pool="accelerator"') == 3
 
 
 def test_target_must_be_a_quantity(chart: Any, helm: Any) -> None:

@@ -175,3 +175,33 @@ def test_the_estimators_pool_path_is_unchanged_by_bulk_and_depth():
         await qm.close()
 
     asyncio.run(scenario())
+
+
+def test_a_pool_counts_as_demand_only_while_it_serves_clients():
+    """The autoscaling signal weighs in-flight queries by windve_pool_serving: the warm-up probe's
+    queries (occupancy 0.25-0.5 for ~20 s) had read as demand, and each starting pod asked for
+    most of another. Serving from when the owner has set the depths until the drain."""
+    from prometheus_client import REGISTRY
+
+    def gauges() -> tuple[float | None, float | None, float | None]:
+        labels = {"pool": "cpu"}
+        return tuple(REGISTRY.get_sample_value(name, labels) for name in (
+            "windve_pool_serving", "windve_queue_occupancy", "windve_pool_in_flight"))  # fmt: skip
+
+    async def scenario():
+        cpu = ControlledInstance("cpu0")
+        qm = QueueManager([("cpu", 4, [cpu])])
+        await qm.start()
+        first = qm.admit(queries([1]))
+        await settle()
+        assert gauges() == (0.0, 0.0, 1.0)  # the probe's query: in flight, not demand
+        qm.serving = True
+        assert gauges() == (1.0, 0.25, 1.0)
+        drained = asyncio.ensure_future(qm.drain(timeout=30))
+        await settle()
+        assert gauges() == (0.0, 0.0, 1.0)
+        cpu.complete()
+        assert markers_of(await first.future) == [1] and await drained
+        await qm.close()
+
+    asyncio.run(scenario())

@@ -49,6 +49,7 @@ def _check_probed_over_http(server: ServerProcess) -> None:
     assert metric_sum(metrics, "windve_tokenization_seconds_count") == queries
     assert metric_sum(metrics, "windve_requests_total") == metric_sum(metrics, "windve_input_tokens_total") == 0
     assert metric_sum(metrics, "windve_request_seconds_count") == 0
+    assert metric_sum(metrics, "windve_pool_serving") == len(pools)  # ready: its queries are demand now
     assert metric_sum(metrics, "windve_cache_hits_total") == metric_sum(metrics, "windve_cache_misses_total") == 0
 
 
