@@ -32,6 +32,7 @@ import dataclasses
 import json
 import os
 import queue
+import signal
 import sys
 import threading
 import time
@@ -42,6 +43,7 @@ from typing import TYPE_CHECKING
 
 from windve.cpu.layout import GroupLayout
 from windve.cpu.numa import bind_memory
+from windve.engine_process.heap import HeapTrimmer
 from windve.model import ModelSpec, pad_token_id
 
 if TYPE_CHECKING:
@@ -101,6 +103,11 @@ def pin_process(plan: RankPlan) -> int:
 
 
 def rank_main(plan: RankPlan, conn: Connection) -> None:
+    # The parent stops its engines (STOP, its pipe's end, SIGKILL) once their queries are answered.
+    # A signal to the whole process group (Ctrl-C in a terminal, systemd's stop of the unit's
+    # cgroup) had killed them mid-batch: admitted queries failed with 503 and the drain restarted them.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     imported_early = sorted(name for name in ("numpy", "torch") if name in sys.modules)
     threads = pin_process(plan)
     membind = bind_memory(plan.numa_node)
@@ -171,6 +178,7 @@ class EngineServer:
 
         staged: queue.Queue = queue.Queue(maxsize=1)  # one batch ready beside the one running
         threading.Thread(target=self._read_ahead, args=(staged,), name="engine-read-ahead", daemon=True).start()
+        heap = HeapTrimmer()
         while (item := staged.get()) is not None:
             request_id, batch, problem = item
             if problem is None:
@@ -183,6 +191,7 @@ class EngineServer:
             if problem is not None:
                 reply = wire.encode_json(wire.ERROR, request_id, {"message": problem, "fatal": False})
             self.conn.send_bytes(reply)
+            heap.after_batch()
 
     def _read_ahead(self, staged: queue.Queue) -> None:
         """Receive and stage each batch; None on the queue once STOP came or the pipe closed."""
@@ -269,6 +278,7 @@ class RankServer:
     def _serve_rank0(self) -> None:
         from windve.engine_process import wire
 
+        heap = HeapTrimmer()
         while True:
             buffer = self.comm.next_input()
             try:
@@ -289,11 +299,13 @@ class RankServer:
             self.comm.publish_input()
             embeddings = self._embed(buffer[:size])
             self.conn.send_bytes(wire.encode_result(request_id, embeddings, time.perf_counter() - started))
+            heap.after_batch()
 
     def _serve_peer(self) -> None:
         from windve.engine_process import wire
 
         parent = os.getppid()
+        heap = HeapTrimmer()
         while True:
             # An orphaned rank (parent SIGKILLed) notices within a second and exits.
             buffer = self.comm.wait_input(lambda: os.getppid() == parent)
@@ -303,6 +315,7 @@ class RankServer:
             if kind == wire.STOP:
                 return
             self._embed(buffer)
+            heap.after_batch()
 
 
 def main(argv: list[str]) -> None:
