@@ -15,6 +15,7 @@ import threading
 import numpy as np
 
 from tests.cpu.cpu_helpers import assert_close, reference_embeddings, token_batch
+from tests.redis.redis_test_support import FakeClock
 from windve.engine_process import heap, wire
 from windve.engine_process.heap import HeapTrimmer
 from windve.engine_process.instance import EngineProcessInstance
@@ -23,25 +24,17 @@ from windve.engine_process.worker import EngineServer
 WAIT = 30.0
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_the_heap_is_trimmed_at_most_every_trim_seconds():
     clock, trims = FakeClock(), []
     trimmer = HeapTrimmer(trim=trims.append, clock=clock)
     trimmer.after_batch()
     assert trims == []  # the start counts as a trim: nothing freed yet
-    clock.now += heap.TRIM_SECONDS
+    clock.advance(heap.TRIM_SECONDS)
     trimmer.after_batch()
-    clock.now += heap.TRIM_SECONDS / 2
+    clock.advance(heap.TRIM_SECONDS / 2)
     trimmer.after_batch()
     assert trims == [0]
-    clock.now += heap.TRIM_SECONDS / 2
+    clock.advance(heap.TRIM_SECONDS / 2)
     trimmer.after_batch()
     assert trims == [0, 0]
 
