@@ -176,10 +176,23 @@ def load_model_spec(
 ) -> ModelSpec:
     """Read and check a model folder. `matryoshka_dims` (None: the model card's) overrides the model's."""
     name, path = resolve_model_path(model, revision)
+    try:
+        return _read_model_spec(name, path, trust_remote_code, matryoshka_dims)
+    except OSError as error:  # a weight file that is a dangling link (a hub cache missing a blob), unreadable, ...
+        what = f"{error.filename}: {error.strerror}" if error.filename else str(error)
+        raise ModelError(f"model folder {path}: cannot read {what}") from None
+
+
+def _read_model_spec(
+    name: str, path: Path, trust_remote_code: bool, matryoshka_dims: Sequence[int] | None
+) -> ModelSpec:
     config_path = path / "config.json"
     if not config_path.is_file():
         raise ModelError(f"model folder {path} has no config.json")
-    config = json.loads(config_path.read_text())
+    try:
+        config = json.loads(config_path.read_text())
+    except json.JSONDecodeError as error:
+        raise ModelError(f"model folder {path}: config.json is not valid JSON: {error}") from None
     weights = sorted(path.glob("*.safetensors"))
     if not weights:
         raise ModelError(

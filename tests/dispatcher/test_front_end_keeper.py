@@ -56,3 +56,22 @@ def test_the_back_off_starts_afresh_after_a_front_end_that_lived_a_while():
         failures = failures_after(failures, lived=0.2)
     assert RESTART_BACKOFF[min(failures - 1, len(RESTART_BACKOFF) - 1)] == RESTART_BACKOFF[-1]
     assert failures_after(failures, lived=STABLE_SECONDS) == 1  # then a day of serving: the first
+
+
+def test_no_writable_temporary_folder_is_one_line_and_frees_the_port(monkeypatch, capsys):
+    """A read-only root with no writable /tmp (`docker run --read-only`) had ended in a traceback
+    after the port was bound."""
+    import tempfile
+
+    from tests.servers import free_port
+    from windve.listeners import STARTUP_FAILURE, listen
+
+    def no_folder(**_: object) -> str:
+        raise FileNotFoundError(2, "No usable temporary directory found in ['/tmp', '/var/tmp']")
+
+    monkeypatch.setattr(tempfile, "mkdtemp", no_folder)
+    port = free_port()
+    assert Supervisor(Settings(host="127.0.0.1", port=port), 2, (), 30).run() == STARTUP_FAILURE
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "writable temporary folder (TMPDIR" in error, error
+    listen("127.0.0.1", port).close()  # the port is free again

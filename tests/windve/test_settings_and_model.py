@@ -264,3 +264,19 @@ def test_an_empty_plan_in_the_config_file_is_refused_not_ignored(tmp_path):
         capture_output=True, text=True, timeout=120, cwd=tmp_path,
     )  # fmt: skip
     assert result.returncode == 2 and "the `plan:` list is empty" in result.stderr, result.stderr
+
+
+def test_unreadable_model_files_are_one_clear_error(model_spec, tmp_path):
+    """A weight file that is a dangling link (a hub cache missing its blob) had ended `windve serve`
+    in a 32-line FileNotFoundError traceback; a broken config.json in a JSON error naming no file."""
+    folder = tmp_path / "broken"
+    shutil.copytree(model_spec.path, folder)
+    (folder / "model.safetensors").unlink()
+    (folder / "model.safetensors").symlink_to(tmp_path / "blobs" / "missing")
+    with pytest.raises(ModelError, match=r"cannot read .*model\.safetensors: No such file or directory"):
+        load_model_spec(str(folder))
+    (folder / "model.safetensors").unlink()
+    shutil.copy(model_spec.path / "model.safetensors", folder / "model.safetensors")
+    (folder / "config.json").write_text("{not json")
+    with pytest.raises(ModelError, match="config.json is not valid JSON"):
+        load_model_spec(str(folder))

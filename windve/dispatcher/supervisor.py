@@ -36,7 +36,7 @@ from windve.dispatcher.board import StateBoard
 from windve.dispatcher.server import DispatcherServer
 from windve.gc_tuning import tune_gc_for_serving
 from windve.heartbeat import HeartbeatBoard
-from windve.listeners import cannot_listen, open_listeners
+from windve.listeners import STARTUP_FAILURE, cannot_listen, open_listeners
 from windve.probe import loopback
 from windve.service import Runtime, load_spec
 from windve.settings import Settings
@@ -89,7 +89,17 @@ class Supervisor:
             listeners = open_listeners(self.settings.host, self.settings.port, self.workers)
         except OSError as error:  # the port in use, a host that is not this machine's: as uvicorn says it
             return cannot_listen(self.settings.host, self.settings.port, error)
-        workdir = Path(tempfile.mkdtemp(prefix="windve-"))
+        try:
+            workdir = Path(tempfile.mkdtemp(prefix="windve-"))
+        except OSError as error:  # a read-only root with no writable /tmp: say what must be writable
+            for listener in listeners:
+                listener.close()
+            print(
+                f"windve serve: several front ends need a writable temporary folder (TMPDIR, else /tmp) "
+                f"for their dispatcher's socket and metrics: {error}",
+                file=sys.stderr,
+            )
+            return STARTUP_FAILURE
         # The engines are planned over the CPUs this process had before it moved onto the service
         # cores: planned after the move, every engine would be squeezed onto those few cores.
         allowed_cpus = frozenset(os.sched_getaffinity(0))
