@@ -36,7 +36,8 @@ def test_config_schema_choices_match_the_settings() -> None:
     properties = schema_config()["properties"]
     for name, field in Settings.model_fields.items():
         if typing.get_origin(field.annotation) is typing.Literal:
-            assert set(properties[name]["enum"]) == set(typing.get_args(field.annotation)), name
+            # log_level takes any case, as the setting lowercases it
+            assert {str(v).lower() for v in properties[name]["enum"]} == set(typing.get_args(field.annotation)), name
 
 
 @pytest.mark.parametrize(
@@ -51,6 +52,10 @@ def test_config_schema_choices_match_the_settings() -> None:
         ({"replicacount": 3}, "additional properties 'replicacount' not allowed"),
         ({"redis": {"externalUrl": "localhost:6379"}}, "/redis/externalUrl"),
         ({"service": {"listenAddress": "10.0.0.7"}}, "/service/listenAddress"),
+        # Each of these had passed the schema and stopped the pods at start (CrashLoopBackOff).
+        ({"config": {"reserved_cores": "a-b"}}, "/config/reserved_cores"),
+        ({"config": {"matryoshka_dims": "128;256"}}, "/config/matryoshka_dims"),
+        ({"redis": {"maxmemory": "lots"}}, "/redis/maxmemory"),
     ],
 )
 def test_schema_rejects_bad_values(chart: Any, helm: Any, values: dict[str, Any], complaint: str) -> None:
@@ -64,6 +69,9 @@ def test_schema_rejects_bad_values(chart: Any, helm: Any, values: dict[str, Any]
         ({"model": {"source": "volume", "path": "bge"}}, "model.source=volume needs model.volume"),
         ({"model": {"source": "volume", "volume": {"hostPath": {"path": "/m"}}}}, "needs model.path"),
         ({"config": {"cpu_layout": "explicit"}}, "config.cpu_layout=explicit needs a config.plan"),
+        ({"config": {"default_prompt": "q: ", "default_prompt_name": "query"}}, "are both set"),
+        ({"terminationGracePeriodSeconds": 30}, "killed mid-drain"),
+        ({"autoscaling": {"enabled": True, "minReplicas": 4, "maxReplicas": 2}}, "maxReplicas is below"),
     ],
 )
 def test_unstartable_combinations_fail_at_install(
@@ -90,3 +98,26 @@ def test_chart_lints_clean(helm: Any, scenario: str) -> None:
     report = helm.lint(CHART_DIR, scenario_values(scenario), strict=True, namespace="search")
     problems = [m for m in report["messages"] if m["severity"] >= 2]
     assert not problems and not report["errors"], report
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"config": {"log_level": "DEBUG"}},
+        {"config": {"reserved_cores": 0}},  # what --set config.reserved_cores=0 gives
+        {"config": {"reserved_cores": "0-1, 4"}},
+        {"config": {"matryoshka_dims": "128,256"}},
+        {"autoscaling": {"enabled": True, "queueOccupancy": {"targetAverageValue": 1}}},
+        {"podDisruptionBudget": {"minAvailable": "50%"}},
+    ],
+)
+def test_documented_values_are_accepted_and_start(chart: Any, values: dict[str, Any]) -> None:
+    """Values the service takes (or the docs give) that the schema had refused at install."""
+    from windve.settings import Settings
+
+    release = render(chart, values)
+    config = yaml.safe_load(release.get("ConfigMap", release.server()["metadata"]["name"])["data"]["config.yaml"])
+    Settings(**config)  # raises where the service would not start
+    if "podDisruptionBudget" in values:
+        (budget,) = release.all("PodDisruptionBudget")
+        assert budget["spec"]["minAvailable"] == "50%" and "maxUnavailable" not in budget["spec"]

@@ -22,6 +22,15 @@ from the ConfigMap, which every release renders. */}}
 {{- if and (gt (len (include "windve.fullname" .)) 55) (or .Values.metrics.prometheusRule.enabled (and .Values.autoscaling.enabled .Values.autoscaling.keda.enabled)) }}
 {{- fail (printf "the release's full name %q is over 55 characters: its pods' names are cut so short that the alerts' and KEDA's queries could not tell the server's pods from Redis's. Use a shorter release name or fullnameOverride" (include "windve.fullname" .)) }}
 {{- end }}
+{{- if and .Values.config.default_prompt .Values.config.default_prompt_name }}
+{{- fail "config.default_prompt and config.default_prompt_name are both set: the service takes one (a prompt's text, or the name of one of the model's prompts)" }}
+{{- end }}
+{{- if lt (int .Values.terminationGracePeriodSeconds) (add (int .Values.preStopSleepSeconds) 35 | int) }}
+{{- fail (printf "terminationGracePeriodSeconds (%v) must cover preStopSleepSeconds (%v) and the service's drain (up to 30 s, then 5 s to exit): at least %d, or pods are killed mid-drain" .Values.terminationGracePeriodSeconds .Values.preStopSleepSeconds (add (int .Values.preStopSleepSeconds) 35)) }}
+{{- end }}
+{{- if and .Values.autoscaling.enabled (lt (int .Values.autoscaling.maxReplicas) (int .Values.autoscaling.minReplicas)) }}
+{{- fail "autoscaling.maxReplicas is below autoscaling.minReplicas" }}
+{{- end }}
 {{- if and .Values.httpRoute.enabled (not .Values.httpRoute.parentRefs) }}
 {{- fail "httpRoute.enabled needs httpRoute.parentRefs, the Gateway (and listener) the route attaches to" }}
 {{- end }}
