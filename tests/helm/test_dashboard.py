@@ -55,6 +55,18 @@ def test_rates_read_counters_and_quantiles_read_buckets() -> None:
         assert expr.count("(") == expr.count(")") and expr.count("{") == expr.count("}"), expr
 
 
+def test_legends_name_only_labels_their_query_keeps() -> None:
+    """A label summed away reads blank in the legend: "Engine compute per second" had shown {{pod}}
+    after `sum by (pool, engine)`, and added up same-named engines of every replica."""
+    aggregation = re.compile(r"^(?:sum|max|min|avg|count) by \(([^)]*)\)")
+    for panel in graph_panels():
+        for target in panel["targets"]:
+            kept = aggregation.match(target["expr"])
+            if kept:
+                legend = set(re.findall(r"\{\{(\w+)\}\}", target.get("legendFormat", "")))
+                assert legend <= set(kept.group(1).split(", ")), (panel["title"], target["expr"])
+
+
 def test_every_series_is_filtered_by_the_namespace_and_pod_variables() -> None:
     for expr in expressions():
         for selector in re.findall(r"windve_[a-z0-9_]+(\{[^}]*\})", expr):
