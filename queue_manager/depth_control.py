@@ -209,8 +209,12 @@ def p99_upper_bound(values: list[float], confidence: float = RISE_CONFIDENCE) ->
 class DepthController:
     """One pool's live fit, tail and depth decisions. The caller applies the moves it returns."""
 
-    def __init__(self, settings: ControlSettings, seed: int, now: float) -> None:
+    def __init__(self, settings: ControlSettings, seed: int, now: float, floor: int = 1) -> None:
         self.settings = settings
+        # The depth never falls below one query per instance: under it an instance idles while the
+        # rest are refused (two CPU engines at depth 1, cut there by a mix of 64-text requests,
+        # answered 5 requests a second and refused 55 for minutes).
+        self.floor = max(1, int(floor))
         self.seed = max(1, int(seed))
         self.line = DecayedLine(settings.half_life)
         # Bounded so that a step stays cheap at any rate: at thousands of answers a second the tail
@@ -237,7 +241,7 @@ class DepthController:
 
     @property
     def ceiling(self) -> int:
-        return max(1, math.floor(self.seed * self.settings.cap))
+        return max(self.floor, math.floor(self.seed * self.settings.cap))
 
     def observe(self, concurrency: int, seconds: float, admitted: float, now: float) -> None:
         if concurrency < 1 or not (seconds >= 0 and math.isfinite(seconds)):
@@ -247,13 +251,13 @@ class DepthController:
         self.observed += 1
 
     def crossing(self) -> int:
-        """C* = (SLO - beta)/alpha * (1 - headroom), within [1, ceiling]; the ceiling with no slope."""
+        """C* = (SLO - beta)/alpha * (1 - headroom), within [floor, ceiling]; the ceiling with no slope."""
         fit = self.current_fit
         if fit is None or fit.alpha <= 0:
             return self.ceiling
         settings = self.settings
         crossing = (settings.slo - fit.beta) / fit.alpha * (1 - settings.headroom)
-        return max(1, min(self.ceiling, math.floor(crossing)))
+        return max(self.floor, min(self.ceiling, math.floor(crossing)))
 
     def refresh(self, now: float) -> None:
         """Age the samples to `now` (decay the fit's weights, drop answers older than the tail window),
@@ -310,9 +314,9 @@ class DepthController:
             else:
                 self.holding = f"p99 {tail:.3f} s inside the SLO; C* = {target}, within {below} of the depth"
             return None
-        new = max(1, min(self.ceiling, new))
+        new = max(self.floor, min(self.ceiling, new))
         if new == depth:
-            self.holding = f"at the bound of its range [1, {self.ceiling}]"
+            self.holding = f"at the bound of its range [{self.floor}, {self.ceiling}]"
             return None
         self.holding = None
         self.reason = why
@@ -391,7 +395,7 @@ class DepthController:
         `comfortable`. It holds where the fit cannot: a saturated pool is admitted at one level
         only, and the fit then mixes that level's old and new speed into a flat line."""
         by_tail = math.floor(loaded * comfortable / tail) if tail > 0 else self.ceiling
-        return max(1, min(self.ceiling, self.crossing(), by_tail))
+        return max(self.floor, min(self.ceiling, self.crossing(), by_tail))
 
     def snapshot(self, now: float) -> dict:
         fit = self.current_fit

@@ -86,7 +86,9 @@ class QueueManager:
             if not pool.instances:
                 raise ValueError(f"pool {name!r} has no instances")
             # Static pools get a controller too: the live fit and tail are worth showing either way.
-            pool.control = DepthController(control or ControlSettings(slo=1.0), pool.depth, now())
+            pool.control = DepthController(
+                control or ControlSettings(slo=1.0), pool.depth, now(), floor=len(pool.instances)
+            )
             pool.metrics = metrics.PoolMetrics(pool, self)
             self.pools.append(pool)
         # Algorithm 1: with heterogeneous computing off, only the first (accelerator) pool serves.

@@ -125,6 +125,28 @@ def test_a_tail_over_the_slo_cuts_the_depth_at_once_but_at_most_by_half():
     assert depths == [28, 14, 7, 4, 2, 1, 1, 1, 1]
 
 
+def test_the_depth_never_falls_below_one_query_per_instance():
+    """Two CPU engines cut to depth 1 by a mix of 64-text requests left one of them idle for
+    minutes, answering 5 requests a second and refusing 55."""
+    clock = Clock()
+    controller = DepthController(SETTINGS, seed=40, now=0.0, floor=2)
+    depths = [40]
+    for _ in range(8):
+        feed(controller, clock, depths[-1], 100.0)
+        move = controller.step(depths[-1], full_since=0.0, now=clock.now)
+        depths.append(move.depth if move else depths[-1])
+    assert depths[-4:] == [2, 2, 2, 2] and min(depths) == 2
+    assert controller.snapshot(clock.now)["holding"] == "at the bound of its range [2, 80]"
+
+
+def test_a_pool_of_several_instances_has_them_as_its_floor():
+    from queue_manager.manager import QueueManager
+    from tests.queue_manager.doubles import InstantInstance
+
+    qm = QueueManager([("cpu", 8, [InstantInstance("a"), InstantInstance("b")])], slo=1.0)
+    assert qm.pools[0].control.floor == 2
+
+
 def test_the_depth_rises_in_bounded_steps_only_where_the_pool_was_full_and_never_past_the_cap():
     clock = Clock()
     controller = DepthController(SETTINGS, seed=10, now=0.0)  # ceiling 20
