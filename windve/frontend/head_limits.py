@@ -72,16 +72,26 @@ class HeadGuard(_Timed):
 
 class BodyTimer(_Timed):
     """One connection's body in progress: `on_timeout` is called once BODY_IDLE_SECONDS pass
-    without a byte of it. One timer per body, moved on only when it fires, not at every read."""
+    without a byte of it. A timer is set only for a body still coming once a read is parsed (most
+    arrive with their head), and moved on only when it fires, not at every read."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, on_timeout: Callable[[], None]) -> None:
         super().__init__(loop, on_timeout)
         self._last = 0.0
+        self.coming = False  # a head is in and its body is not complete
 
     def progress(self) -> None:
         """A body begins (its head is in) or some of it came."""
         self._last = self._loop.time()
-        if self._timer is None:
+        self.coming = True
+
+    def done(self) -> None:
+        self.coming = False
+        super().done()
+
+    def read_over(self) -> None:
+        """A read is parsed: time the body it left unfinished."""
+        if self.coming and self._timer is None:
             self._timer = self._loop.call_at(self._last + BODY_IDLE_SECONDS, self._check)
 
     def _check(self) -> None:

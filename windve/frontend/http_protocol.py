@@ -108,6 +108,7 @@ class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
             beat.progress()  # the loop reads: slow maybe, not stalled (windve.heartbeat)
         heads = self._head.heads
         super().data_received(data)
+        self._body.read_over()
         if self._head.read(len(data), heads) and not self.transport.is_closing():
             self._refuse_head(431, f"the request's line and headers exceed {MAX_HEAD_BYTES} bytes")
             return
