@@ -165,6 +165,26 @@ def test_fingerprint_mismatch_warns_per_difference() -> None:
     assert "'64255b212567a468'" in warnings[1] and "'ffff'" in warnings[1]
 
 
+def test_the_fingerprint_names_what_sets_a_pools_speed_besides_the_machine() -> None:
+    """A calibration in Redis is keyed by it: one measured with the CPU pool in fp16 (depth 8) had
+    been taken by replicas serving bf16 there (the probe found 79)."""
+    import devices
+    from windve.service import hardware_fingerprint, make_plan
+    from windve.settings import Settings
+
+    hardware = devices.detect_hardware()
+
+    def fingerprint(**settings: object) -> str:
+        chosen = Settings(**settings)
+        return hardware_fingerprint(hardware, make_plan(chosen, hardware), chosen)
+
+    base = fingerprint(dtype="fp32")
+    assert fingerprint(dtype="fp32") == base  # stable across starts of one set-up
+    for other in ({"dtype": "fp16"}, {"dtype": "fp32", "engine": "onnx"}, {"dtype": "fp32", "max_batch_size": 7},
+                  {"dtype": "fp32", "max_batch_tokens": 1234}):
+        assert fingerprint(**other) != base, other
+
+
 def _read_png(path: Path):
     assert path.read_bytes()[:8] == PNG_MAGIC
     return matplotlib.image.imread(path)
