@@ -84,7 +84,8 @@ def test_sigterm_during_the_warm_up_probe_is_a_stop_not_a_failed_start(tmp_path)
         if healthy:
             server.stop()
             pytest.skip("the warm-up probe ended before it was seen: nothing to stop it in")
-        probing = metric_sum(metrics, "windve_requests_total") > 0  # the probe's answers, before ready
+        # The probe's queries, admitted before ready (they stay out of the request series).
+        probing = metric_sum(metrics, "windve_pool_dispatched_queries_total") > 0
         if not probing:
             time.sleep(0.05)  # polling interval of a real condition, bounded by the deadline
     assert probing, server.log()
