@@ -10,7 +10,6 @@ there), so it runs after a batch's answer is sent, at most once every TRIM_SECON
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import time
 from collections.abc import Callable
 
@@ -18,10 +17,10 @@ TRIM_SECONDS = 2.0
 
 
 def _malloc_trim() -> Callable[[int], int] | None:
-    """glibc's malloc_trim, or None where the C library has none (musl, macOS)."""
-    name = ctypes.util.find_library("c")
+    """glibc's malloc_trim, or None where the C library has none (musl, macOS). The process's own
+    symbols, as the front end finds prctl (frontend/process.py): find_library would run ldconfig."""
     try:
-        return ctypes.CDLL(name).malloc_trim if name else None
+        return ctypes.CDLL(None).malloc_trim
     except (OSError, AttributeError):
         return None
 
