@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer, normalizers
 
-from windve.model import ModelSpec
+from windve.model import ModelError, ModelSpec
 
 FILLER_TEXT = (
     "Retrieval augmented generation systems embed questions and passages into vectors so that "
@@ -163,17 +163,36 @@ def _cut(texts: Sequence[str], size: int) -> Iterator[str]:
         yield text[start:]
 
 
+# What a tokenizer is built from, by the tokenizer families transformers converts to a fast one.
+TOKENIZER_FILES = (
+    "tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "sentencepiece.bpe.model", "tokenizer.model",
+)
+
+
 def load_fast_tokenizer(path: Path, lower_case: bool = False) -> Tokenizer:
     """The model's fast tokenizer; with `lower_case` (the model's do_lower_case), lowercasing
     first, as sentence-transformers puts a Lowercase in front of the tokenizer's normalizer (it
     had been ignored: a cased vocabulary then embedded "What" as itself, not as "what")."""
     tokenizer_file = Path(path) / "tokenizer.json"
+    # tokenizers raises a bare Exception ("expected value at line 1 column 1") naming no file; a
+    # start that fails on it must say which file of which model.
     if tokenizer_file.is_file():
-        tokenizer = Tokenizer.from_file(str(tokenizer_file))
+        try:
+            tokenizer = Tokenizer.from_file(str(tokenizer_file))
+        except Exception as error:  # noqa: BLE001 - tokenizers' errors are plain Exceptions
+            raise ModelError(f"model folder {path}: tokenizer.json is not a tokenizer: {error}") from None
     else:
+        # transformers 5 builds a BertTokenizer of 5 special tokens from a folder with no
+        # vocabulary at all: every word then embeds as [UNK], a wrong vector, not an error.
+        if not any((Path(path) / name).is_file() for name in TOKENIZER_FILES):
+            raise ModelError(f"model folder {path} has no tokenizer: none of {', '.join(TOKENIZER_FILES)}")
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(path, use_fast=True).backend_tokenizer
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path, use_fast=True).backend_tokenizer
+        except Exception as error:  # noqa: BLE001 - transformers raises OSError, ValueError, TypeError...
+            raise ModelError(f"model folder {path} has no tokenizer.json, and no other tokenizer loads: {error}") \
+                from None
     if lower_case:
         present = tokenizer.normalizer
         steps = [] if present is None else list(present) if isinstance(present, normalizers.Sequence) else [present]

@@ -280,3 +280,23 @@ def test_unreadable_model_files_are_one_clear_error(model_spec, tmp_path):
     (folder / "config.json").write_text("{not json")
     with pytest.raises(ModelError, match="config.json is not valid JSON"):
         load_model_spec(str(folder))
+
+
+def test_a_broken_tokenizer_names_its_file_and_model(tmp_path, model_spec) -> None:
+    """tokenizers' own error for a damaged tokenizer.json is "expected value at line 1 column 1",
+    naming nothing; a folder with no vocabulary at all loaded as 5 special tokens (transformers 5),
+    so that every word embedded as [UNK]."""
+    from windve.tokenizer import load_fast_tokenizer
+
+    folder = tmp_path / "broken"
+    shutil.copytree(model_spec.path, folder)
+    (folder / "tokenizer.json").write_text("garbage{")
+    with pytest.raises(ModelError, match=rf"model folder {folder}: tokenizer.json is not a tokenizer"):
+        load_fast_tokenizer(folder)
+    for name in ("tokenizer.json", "vocab.txt", "tokenizer_config.json"):
+        (folder / name).unlink(missing_ok=True)
+    with pytest.raises(ModelError, match=rf"model folder {folder} has no tokenizer: none of tokenizer.json, vocab.txt"):
+        load_fast_tokenizer(folder)
+    (folder / "vocab.txt").write_bytes(b"\xff\xfe not a vocabulary")
+    with pytest.raises(ModelError, match=rf"model folder {folder} has no tokenizer.json, and no other tokenizer loads"):
+        load_fast_tokenizer(folder)
