@@ -40,7 +40,8 @@ def make_plan(
     """Plan the instances for `hardware`; raise PlanError naming what cannot work.
 
     `device` picks the accelerator kind for automatic plans (auto = any detected, cpu = none).
-    `reserved_cores` None applies the reservation rule (see devices.layout); a list is used as is.
+    `reserved_cores` None applies the reservation rule (see devices.layout) to automatic plans, and
+    reserves none for an explicit one; a list is used as is.
     An `explicit` list (settings `plan:`) replaces the automatic plan whatever `cpu_layout` says
     (an empty one is refused, not read as no plan); `cpu_layout="explicit"` without one is an error.
     """

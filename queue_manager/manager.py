@@ -184,8 +184,7 @@ class QueueManager:
         if wanted <= room or (room > 0 and self._backlog.allows(wanted, self._backlog_bound())):
             return
         self.lacked_room()
-        metrics.BUSY.inc()
-        raise Busy(retry_after=self.retry_after(wanted))
+        raise Busy(retry_after=self.retry_after(wanted))  # the front end's refusal: it counts it
 
     def live_tail(self) -> float | None:
         """The slowest live p99 (seconds) of the eligible pools that can serve, None before any

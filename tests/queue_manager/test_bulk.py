@@ -204,3 +204,28 @@ def test_room_promised_to_requests_not_yet_admitted_counts_as_taken():
         await qm.close()
 
     asyncio.run(scenario())
+
+
+def test_busy_counts_refused_admissions_not_room_checks():
+    """windve_busy_requests_total is what the dispatcher refused: a front end's check before it
+    tokenizes is its own refusal (windve_errors_total), and with one front end it had counted in
+    both series, with several in one."""
+    from prometheus_client import REGISTRY
+
+    def busy() -> float:
+        return REGISTRY.get_sample_value("windve_busy_requests_total") or 0.0
+
+    async def scenario():
+        inst, qm = await controlled(1)
+        held = qm.admit(queries([1]))
+        before = busy()
+        with pytest.raises(Busy):
+            qm.check_room(1)
+        assert busy() == before
+        with pytest.raises(Busy):
+            qm.admit(queries([2]))
+        assert busy() == before + 1
+        await finish_all(inst, held.future)
+        await qm.close()
+
+    asyncio.run(scenario())
