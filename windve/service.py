@@ -14,6 +14,7 @@ not ready (/health 503) until `finish_start` has probed through the service's ow
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import logging
@@ -125,7 +126,7 @@ class Runtime:
 
             watch_engines(self, self._engine_processes)
             await self._follow_shared_calibration()
-            unprobed = [name for name in self.instances if self._known_depth(name) is None]
+            unprobed = [name for name in self.instances if self._needs_probe(name)]
             if probe_later and unprobed:
                 for name in self.instances:
                     # Until finish_start, one query per instance in every pool: a depth that any SLO
@@ -193,11 +194,14 @@ class Runtime:
         self.calibration, self.calibration_origin, self.calibration_warnings = calibration, origin, warnings
         if not self.ready:
             return  # the depths are still being set: _settle_depths takes it
+        sources = dict(self.depths)
         for name in self.instances:
             if self._configured_depth(name) is None:
                 source = depth_from_calibration(calibration, name, self.settings.slo_seconds, f"calibration ({origin})")
                 if source is not None:
-                    self._use_depth(source)
+                    sources[name] = source
+        for source in self._somewhere_to_serve(sources).values():
+            self._use_depth(source)
 
     async def finish_start(self, address: Address | None) -> None:
         """Probe the pools that `start(probe_later=True)` left without a depth, then be ready.
@@ -209,14 +213,37 @@ class Runtime:
             await self._settle_depths(address)
 
     async def _settle_depths(self, address: Address | None) -> None:
+        calibration = self.calibration
         sources = {name: self._known_depth(name) for name in self.instances}
         for name, source in sources.items():
             if source is None:
                 sources[name] = await self._probe(name, address)
-        for name in self.instances:
-            # A calibration from Redis that came while a probe ran wins, as it would live.
-            self._use_depth(self._known_depth(name) or sources[name])
+        if self.calibration is not calibration:  # one from Redis came while a probe ran: it wins, as live
+            sources = {name: self._known_depth(name) or source for name, source in sources.items()}
+        for source in self._somewhere_to_serve(sources).values():
+            self._use_depth(source)
         self.ready = self.queue_manager.serving = True
+
+    def _somewhere_to_serve(self, sources: dict[str, DepthSource]) -> dict[str, DepthSource]:
+        """`sources`, unless every pool would take no queries: then each serves one query per instance.
+
+        A calibration gives depth 0 to a pool that cannot meet the SLO, so that an accelerator's
+        excess is not sent to a CPU pool that would answer it late. With no pool left, the service
+        said healthy and refused every request (a calibration at 0.3 s read at a 0.01 s SLO); a late
+        answer is better, as the warm-up probe has it."""
+        if any(source.depth > 0 for source in sources.values()):
+            return sources
+        warning = (
+            f"no pool meets the {self.settings.slo_seconds:g} s SLO by this calibration: each serves one "
+            "query per instance, over the SLO; set slo_seconds to what the pools hold, or calibrate again"
+        )
+        log.warning(warning)
+        if warning not in self.calibration_warnings:
+            self.calibration_warnings = [*self.calibration_warnings, warning]
+        return {
+            name: dataclasses.replace(source, depth=len(self.instances[name]), source=f"{source.source}, floor")
+            for name, source in sources.items()
+        }
 
     def _use_depth(self, source: DepthSource) -> None:
         self.depths[source.pool] = source
@@ -225,6 +252,11 @@ class Runtime:
 
     def _configured_depth(self, pool: str) -> int | None:
         return {"accelerator": self.settings.accelerator_depth, "cpu": self.settings.cpu_depth}.get(pool)
+
+    def _needs_probe(self, pool: str) -> bool:
+        """No setting and no calibration gives `pool` a depth (what `_known_depth` would find)."""
+        calibration = self.calibration
+        return not self._configured_depth(pool) and (calibration is None or pool not in calibration.pools)
 
     def _known_depth(self, pool: str) -> DepthSource | None:
         """The depth from a setting or a calibration; None when the pool needs the probe."""

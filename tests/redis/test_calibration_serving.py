@@ -72,6 +72,23 @@ def test_serve_derives_an_uncalibrated_slo_from_the_fit(tmp_path, model_spec):
         server.stop()
 
 
+def test_a_calibration_no_pool_meets_serves_one_query_per_instance_and_says_so(tmp_path, model_spec):
+    """Its beta (0.05 s) is over the 0.01 s SLO: the pool "cannot meet it" and had got depth 0, the
+    only pool, so that the service said healthy and answered every request 429."""
+    path = save_calibration(calibration(model_spec.revision, "x", 77, "2026-01-01T00:00:00+00:00"), tmp_path / "c.json")
+    server = start_server(tmp_path, "--calibration-file", str(path), "--slo-seconds", "0.01", "--cache-size", "0")
+    try:
+        pool = cpu_pool(server.url)
+        assert pool["depth"] == len(pool["instances"]) >= 1
+        assert pool["depth_source"] == f"calibration ({path}), floor"
+        assert httpx.post(server.url + "/embed", json={"inputs": "served, late"}).status_code == 200
+        (warning,) = [w for w in httpx.get(server.url + "/info").json()["calibration"]["warnings"] if "SLO" in w]
+        assert warning.startswith("no pool meets the 0.01 s SLO by this calibration")
+        assert server.log().count("pool cpu cannot meet the 0.01 s SLO") == 1  # had been logged three times
+    finally:
+        server.stop()
+
+
 def test_a_depth_setting_over_a_calibration_is_said_in_info(tmp_path, model_spec):
     """The setting wins; /info had shown the calibration with no word that its depth went unused."""
     path = save_calibration(calibration(model_spec.revision, "x", 77, "2026-01-01T00:00:00+00:00"), tmp_path / "c.json")
