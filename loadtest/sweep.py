@@ -37,6 +37,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import gevent
 
@@ -54,6 +55,7 @@ from loadtest.report import (
 )
 from loadtest.sweep_options import add_sweep_arguments
 from loadtest.workload import Workload
+from windve.output_files import check_writable
 
 POLL_SECONDS = 0.1  # how often a step checks its request bound; its time bound is exact
 ERRORS_SHOWN = 3  # distinct error messages printed per step (all of them are in --json-out)
@@ -100,8 +102,7 @@ def run_sweep(
     recorder = Recorder()
     env.events.request.add_listener(recorder.on_request)
     runner = env.create_local_runner()
-    hub = gevent.get_hub()  # Ctrl-C is handled below; the hub need not print it as an error first
-    hub.NOT_ERROR = (*hub.NOT_ERROR, KeyboardInterrupt)
+    _quiet_ctrl_c()
     progress = _Progress(on_progress, progress_seconds, workload)
     try:
         for count in users:
@@ -124,8 +125,27 @@ def run_sweep(
     except KeyboardInterrupt:  # Ctrl-C: keep what was measured; the step under way is dropped
         result.interrupted = True
     finally:
-        runner.quit()
+        _quit(runner, result)
     return result
+
+
+def _quiet_ctrl_c() -> None:
+    """Ctrl-C is handled by the sweep; gevent's hub need not print it as an error first (it had,
+    with a traceback, to a Ctrl-C while the sweep waited for /health)."""
+    hub = gevent.get_hub()
+    if KeyboardInterrupt not in hub.NOT_ERROR:
+        hub.NOT_ERROR = (*hub.NOT_ERROR, KeyboardInterrupt)
+
+
+def _quit(runner: Any, result: SweepResult) -> None:
+    """Stop the users. A Ctrl-C can reach the main greenlet while they stop (gevent throws it there
+    from the greenlet it interrupted): it had ended the sweep in a traceback, the steps measured lost."""
+    for _ in range(3):
+        try:
+            runner.quit()
+            return
+        except KeyboardInterrupt:
+            result.interrupted = True
 
 
 class _Progress:
@@ -200,10 +220,13 @@ def run_from_args(args: argparse.Namespace) -> int:
     plot = plot_path(args)
     try:
         workload = Workload.from_options(args)
-        for path in (args.json_out, plot):
-            check_writable(path)
+        for path, flag in ((args.json_out, "--json-out"), (plot, "--plot")):
+            if path is not None:
+                check_writable(path, flag)
         text_source(workload.tokenizer, workload.query_tokens)  # a tokenizer or a length it cannot use
         if args.wait_ready > 0:
+            _quiet_ctrl_c()
+            print(f"waiting up to {args.wait_ready:g} s for {args.host}/health", file=sys.stderr, flush=True)
             wait_ready(args.host, args.wait_ready)
     except (ValueError, RuntimeError, OSError, ServerNotReady) as exc:
         print(f"loadtest: {exc}", file=sys.stderr)
@@ -261,16 +284,6 @@ def plot_path(args: argparse.Namespace) -> Path | None:
     if args.plot is not None:
         return args.plot
     return args.json_out.with_suffix(".png") if args.json_out else None
-
-
-def check_writable(path: Path | None) -> None:
-    """Fail before minutes of load, not after: the file's folder must exist and not the file as a folder."""
-    if path is None:
-        return
-    if path.is_dir():
-        raise ValueError(f"{path} is a directory")
-    if not path.parent.is_dir():
-        raise ValueError(f"cannot write {path}: no directory {path.parent}")
 
 
 def main(argv: list[str] | None = None) -> int:

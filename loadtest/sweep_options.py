@@ -7,6 +7,7 @@ Locust monkey-patches the process with gevent, which only the load generator may
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -42,7 +43,7 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--max-requests-per-step",
-        type=int,
+        type=non_negative_int,
         default=0,
         help="end a step's measurement early after this many answers (default 0: time only)",
     )
@@ -85,6 +86,11 @@ def http_url(text: str) -> str:
     parts = urlsplit(text)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise argparse.ArgumentTypeError(f"expected an http(s)://host[:port] URL, got {text!r}")
+    if parts.path.strip("/") or parts.query or parts.fragment:
+        # The sweep adds /health and the route (--api): ".../v1" asked /v1/health and waited on 404s.
+        raise argparse.ArgumentTypeError(
+            f"expected an http(s)://host[:port] URL without a path (the route comes from --api), got {text!r}"
+        )
     return text.rstrip("/")
 
 
@@ -100,14 +106,35 @@ def positive_int_list(text: str) -> list[int]:
 
 
 def positive_float(text: str) -> float:
-    value = float(text)
+    value = _finite(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
     return value
 
 
 def non_negative_float(text: str) -> float:
-    value = float(text)
+    value = _finite(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected zero or a positive number, got {text!r}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected zero or a positive whole number, got {text!r}")
+    return value
+
+
+def _finite(text: str) -> float:
+    """float() takes "nan" and "inf": a step of inf seconds never ended, an SLO of nan passed every step."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
     return value

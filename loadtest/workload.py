@@ -9,6 +9,7 @@ gevent, so the `windve` CLI can build its parser without monkey-patching the pro
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -39,10 +40,11 @@ class Workload:
             raise ValueError(
                 f"query-tokens must be at least 3 (two special tokens and a word), not {self.query_tokens}"
             )
-        if self.slo_seconds <= 0:
-            raise ValueError(f"slo must be positive seconds, not {self.slo_seconds}")
-        if self.busy_wait_seconds < 0:
-            raise ValueError(f"busy-wait must be zero or positive seconds, not {self.busy_wait_seconds}")
+        # Chained comparisons are false for NaN: an SLO of NaN had passed every step.
+        if not 0 < self.slo_seconds < math.inf:
+            raise ValueError(f"slo must be positive finite seconds, not {self.slo_seconds}")
+        if not 0 <= self.busy_wait_seconds < math.inf:
+            raise ValueError(f"busy-wait must be zero or positive finite seconds, not {self.busy_wait_seconds}")
 
     @property
     def route(self) -> str:

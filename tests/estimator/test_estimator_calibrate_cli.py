@@ -320,8 +320,12 @@ def test_by_default_a_server_is_started_for_each_pool_profiled_over_http_and_sto
     assert collector_when_measuring == [YOUNG_THRESHOLD]
 
 
-def test_sigterm_stops_the_server_it_started(monkeypatch, tmp_path: Path, capsys) -> None:
-    """A Job's pod deleted, a `kill`: the `windve serve` started for a pool goes too, not left
+@pytest.mark.parametrize(
+    ("signum", "said"),
+    [(signal.SIGTERM, "stopped by SIGTERM"), (signal.SIGINT, "interrupted")],  # Ctrl-C had ended in a traceback
+)
+def test_sigterm_or_ctrl_c_stops_the_server_it_started(monkeypatch, tmp_path: Path, capsys, signum, said) -> None:
+    """A Job's pod deleted, a `kill`, Ctrl-C: the `windve serve` started for a pool goes too, not left
     running without its parent."""
 
     def command(port: int) -> list[str]:  # slow queries: the profile is still running at the SIGTERM
@@ -342,14 +346,15 @@ def test_sigterm_stops_the_server_it_started(monkeypatch, tmp_path: Path, capsys
                     break
             except httpx.HTTPError:
                 time.sleep(0.05)
-        os.kill(os.getpid(), signal.SIGTERM)  # calibrate's loop takes it from here (or the test dies)
+        os.kill(os.getpid(), signum)  # calibrate's loop takes it from here (or the test dies)
 
     killer = threading.Thread(target=terminate_once_serving, daemon=True)
     killer.start()
     code = run_cli("--slo", "5", "--pools", "cpu", "--out", str(tmp_path / "c.json"))
     killer.join()
     err = capsys.readouterr().err
-    assert code == 128 + signal.SIGTERM and "stopped by SIGTERM" in err, (code, err)
+    assert code == 128 + signum and f"windve calibrate: {said}; the services it started are stopped" in err, (code, err)
+    assert "Traceback" not in err
     (server,) = servers
     assert not server.is_running()  # stopped, and waited for, before calibrate ended
     assert not (tmp_path / "c.json").exists()

@@ -231,6 +231,73 @@ def test_what_cannot_make_a_query_exits_2_before_any_load(options: tuple[str, ..
     assert "sweep " not in completed.stdout  # the sweep's header comes after the checks
 
 
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        # A step of inf seconds never ended; an SLO of nan passed every step; -5 answers failed every one.
+        (("--step-seconds", "inf"), "expected a finite number"),
+        (("--warmup-seconds", "nan"), "expected a finite number"),
+        (("--slo", "nan"), "slo must be positive finite seconds"),
+        (("--slo", "inf"), "slo must be positive finite seconds"),
+        (("--max-requests-per-step", "-5"), "expected zero or a positive whole number"),
+        # /v1 had been put before /health and the route: it waited on 404s, saying nothing.
+        (("--host", "http://127.0.0.1:1/v1"), "without a path"),
+        # The sweep ran to its end, then lost its figures in a FileNotFoundError traceback.
+        (("--json-out", "/proc/sweep.json"), "--json-out /proc/sweep.json is not writable"),
+    ],
+)
+def test_bad_options_exit_2_before_any_load(options: tuple[str, ...], message: str) -> None:
+    closed = f"http://127.0.0.1:{free_port()}"
+    completed = run(
+        [sys.executable, "-m", "windve.cli", "loadtest", "--host", closed, "--wait-ready", "0", *options], timeout=60
+    )
+    assert completed.returncode == 2, completed.stderr
+    assert message in completed.stderr and "Traceback" not in completed.stderr
+    assert "sweep " not in completed.stdout
+
+
+def test_ctrl_c_while_waiting_for_the_server_is_one_line() -> None:
+    """It had printed KeyboardInterrupt and a timestamp to stdout, then gevent's traceback."""
+    closed = f"http://127.0.0.1:{free_port()}"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "windve.cli", "loadtest", "--host", closed, "--wait-ready", "60"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
+    try:
+        for line in proc.stderr:
+            if line.startswith("waiting up to 60 s for"):
+                proc.send_signal(signal.SIGINT)
+                break
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, stderr
+    assert stderr.strip() == "windve loadtest: interrupted" and stdout == ""
+
+
+def test_a_ctrl_c_while_the_users_stop_keeps_the_result() -> None:
+    """gevent throws a Ctrl-C into the main greenlet from the one it interrupted, which can be while
+    the sweep stops its users: that had ended the sweep in a traceback, its steps lost."""
+    script = """
+from loadtest.report import SweepResult
+from loadtest.sweep import _quit
+
+class Runner:
+    calls = 0
+    def quit(self):
+        Runner.calls += 1
+        if Runner.calls == 1:
+            raise KeyboardInterrupt
+
+result = SweepResult(settings={})
+_quit(Runner(), result)
+print(Runner.calls, result.interrupted)
+"""
+    completed = run([sys.executable, "-c", script], timeout=60)  # its own process: Locust patches with gevent
+    assert completed.stdout.split() == ["2", "True"], completed.stderr
+
+
 @pytest.mark.slow
 def test_long_sweep_with_default_steps(tmp_path: Path) -> None:
     """The full default ladder (20 s steps after 5 s warm-up) at the 1 s SLO, 75-token queries,

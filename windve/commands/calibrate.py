@@ -27,7 +27,6 @@ import math
 import os
 import signal
 import sys
-import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
@@ -41,6 +40,7 @@ from estimator.profile import ProfileOptions, profile_pool
 from estimator.rounds import MakeQuery, Progress, ProgressHook, Submit, timed_request
 from estimator.stress import DEFAULT_STEP
 from windve.gc_tuning import tune_gc_for_serving
+from windve.output_files import check_writable
 
 if TYPE_CHECKING:  # the command's module is imported for every `windve` command: keep it light
     from devices import Hardware, Plan
@@ -193,21 +193,10 @@ def options_from_args(args: argparse.Namespace) -> CalibrationOptions:
 
 
 def _check_writable(path: Path, flag: str) -> None:
-    """Fail before minutes of profiling, not after: really open the file (or one beside it)."""
-    if path.is_dir():
-        raise UsageError(f"{flag} {path} is a directory")
-    parent = path.parent
-    if not parent.is_dir():
-        raise UsageError(f"{flag} {path}: folder {parent} does not exist")
     try:
-        if path.exists():
-            with path.open("a"):
-                pass
-        else:
-            with tempfile.TemporaryFile(dir=parent):
-                pass
-    except OSError as error:
-        raise UsageError(f"{flag} {path} is not writable ({error.strerror or error})") from None
+        check_writable(path, flag)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
 
 
 # The shared calibration of a model on a hardware holds per-pool depths, which services read; one
@@ -266,6 +255,9 @@ def run(args: argparse.Namespace) -> int:
     except asyncio.CancelledError:
         print(f"{PROG}: stopped by SIGTERM; the services it started are stopped", file=sys.stderr)
         return 128 + signal.SIGTERM
+    except KeyboardInterrupt:  # asyncio.run's own Ctrl-C: the work was cancelled, its servers stopped
+        print(f"{PROG}: interrupted; the services it started are stopped", file=sys.stderr)
+        return 128 + signal.SIGINT
     except (UsageError, PlanError) as error:  # a plan that cannot work is a setting to change, as in serve
         return _fail(error, 2)
     except (RuntimeError, OSError, ValueError) as error:  # CalibrationRunError, ServerStartError, DeviceError, ...
