@@ -106,35 +106,33 @@ def positive_int_list(text: str) -> list[int]:
 
 
 def positive_float(text: str) -> float:
-    value = _finite(text)
+    value = _number(float, text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
     return value
 
 
 def non_negative_float(text: str) -> float:
-    value = _finite(text)
+    value = _number(float, text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected zero or a positive number, got {text!r}")
     return value
 
 
 def non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    value = _number(int, text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected zero or a positive whole number, got {text!r}")
     return value
 
 
-def _finite(text: str) -> float:
-    """float() takes "nan" and "inf": a step of inf seconds never ended, an SLO of nan passed every step."""
+def _number(kind: type[int] | type[float], text: str) -> float:
+    """`kind(text)`, finite: float() takes "nan" and "inf", and a step of inf seconds never ended,
+    an SLO of nan passed every step."""
     try:
-        value = float(text)
+        value = kind(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected a {'whole ' if kind is int else ''}number, got {text!r}") from None
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
     return value

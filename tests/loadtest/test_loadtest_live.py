@@ -38,6 +38,15 @@ def sweep(
     return run([sys.executable, *entry, "--host", host, "--json-out", str(json_out), *options], timeout)
 
 
+def interruptible(command: list[str]) -> subprocess.Popen[str]:
+    """Started to take a terminal's Ctrl-C: SIGINT with its default action (a child of a
+    non-interactive shell ignores it)."""
+    return subprocess.Popen(
+        command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
+
+
 def expected_verdict(step: dict[str, Any], slo_seconds: float) -> bool:
     """The sweep's rule, recomputed from the step's own figures."""
     return (
@@ -135,11 +144,7 @@ def test_ctrl_c_keeps_the_steps_measured(loadtest_server: ServerProcess, tmp_pat
         sys.executable, "-m", "loadtest.sweep", "--host", loadtest_server.url, "--json-out", str(json_out),
         "--users", "1,2", "--step-seconds", "6", "--warmup-seconds", "0.5", "--slo", "5",
     ]  # fmt: skip
-    # As a terminal's Ctrl-C: SIGINT with its default action (a child of a non-interactive shell ignores it).
-    proc = subprocess.Popen(
-        command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )  # fmt: skip
+    proc = interruptible(command)
     try:
         seen = []
         for line in proc.stderr:  # the first step is measured once the second one starts
@@ -259,11 +264,7 @@ def test_bad_options_exit_2_before_any_load(options: tuple[str, ...], message: s
 def test_ctrl_c_while_waiting_for_the_server_is_one_line() -> None:
     """It had printed KeyboardInterrupt and a timestamp to stdout, then gevent's traceback."""
     closed = f"http://127.0.0.1:{free_port()}"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "windve.cli", "loadtest", "--host", closed, "--wait-ready", "60"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )  # fmt: skip
+    proc = interruptible([sys.executable, "-m", "windve.cli", "loadtest", "--host", closed, "--wait-ready", "60"])
     try:
         for line in proc.stderr:
             if line.startswith("waiting up to 60 s for"):
