@@ -457,8 +457,33 @@ def _weights_hash(root: Path, files: list[Path]) -> str:
     vectors. It costs about a second per GB read (sha256): `windve serve` reads the spec once
     (the plan's check and the engines' start share it while the files' stat holds) and hands it
     to every other process."""
+    for file in files:
+        _check_complete(root, file)
     stats = tuple((str(file), file.relative_to(root).as_posix(), _stat_key(file)) for file in files)
     return _hash_files(stats)
+
+
+def _check_complete(root: Path, file: Path) -> None:
+    """Raise ModelError for a safetensors file shorter than its header says, or with no header: an
+    interrupted download had passed every check here, then failed in each engine process's start as
+    "incomplete metadata, file not fully covered", naming no file. Reads the header only."""
+    size = file.stat().st_size
+    name = file.relative_to(root).as_posix()
+    with open(file, "rb") as handle:
+        head = handle.read(8)
+        length = int.from_bytes(head, "little") if len(head) == 8 else -1
+        try:
+            if not 0 < length <= size - 8:
+                raise ValueError("no header")
+            header = json.loads(handle.read(length))
+            end = max((entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"), default=0)
+        except (ValueError, KeyError, TypeError, IndexError):
+            raise ModelError(f"model folder {root}: {name} is not a safetensors file") from None
+    if size < 8 + length + end:
+        raise ModelError(
+            f"model folder {root}: {name} is cut short, {size:,} of the {8 + length + end:,} bytes its header "
+            "lists (an interrupted download?): fetch it again"
+        )
 
 
 def _stat_key(file: Path) -> tuple[int, int, int, int]:

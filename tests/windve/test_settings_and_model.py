@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -300,3 +301,18 @@ def test_a_broken_tokenizer_names_its_file_and_model(tmp_path, model_spec) -> No
     (folder / "vocab.txt").write_bytes(b"\xff\xfe not a vocabulary")
     with pytest.raises(ModelError, match=rf"model folder {folder} has no tokenizer.json, and no other tokenizer loads"):
         load_fast_tokenizer(folder)
+
+
+def test_a_cut_short_or_foreign_weight_file_is_named_at_the_start(tmp_path, model_spec) -> None:
+    """An interrupted download passed every check of the folder, then failed in each engine
+    process as "incomplete metadata, file not fully covered", naming no file."""
+    folder = tmp_path / "partial"
+    shutil.copytree(model_spec.path, folder)
+    weights = folder / "model.safetensors"
+    size = weights.stat().st_size
+    os.truncate(weights, size // 2)
+    with pytest.raises(ModelError, match=rf"model.safetensors is cut short, {size // 2:,} of the {size:,} bytes"):
+        load_model_spec(str(folder))
+    weights.write_bytes(b"<html>404 Not Found</html>")  # what a proxy may hand a download
+    with pytest.raises(ModelError, match="model.safetensors is not a safetensors file"):
+        load_model_spec(str(folder))
