@@ -67,6 +67,14 @@ NO_TOKENIZER_LIMIT = 1 << 40
 
 # These number positions from padding_idx + 1 (HF's create_position_ids_from_input_ids).
 ROBERTA_FAMILY = ("roberta", "xlm-roberta", "camembert")
+POSITIONS_AFTER_PADDING = (*ROBERTA_FAMILY, "mpnet")
+# Encoders whose vectors are tested equal to sentence-transformers' (tests/engines/test_architectures.py).
+# Another model_type had failed in each engine's start with a TypeError (add_pooling_layer) or a
+# transformers message, or would be served untested; one with remote code is the operator's choice.
+ENCODER_TYPES = (
+    "bert", "roberta", "xlm-roberta", "camembert", "albert", "mpnet", "distilbert", "electra", "deberta-v2",
+    "modernbert",
+)
 
 
 class ModelError(ValueError):
@@ -204,6 +212,11 @@ def _read_model_spec(
             f"model {name} needs remote code (config.json auto_map); set "
             "WINDVE_TRUST_REMOTE_CODE=true only if you trust its source"
         )
+    if not config.get("auto_map") and config.get("model_type") not in ENCODER_TYPES:
+        raise ModelError(
+            f"model {name}: model_type {config.get('model_type')!r} is not served; WindVE serves the encoders "
+            f"{', '.join(ENCODER_TYPES)}"
+        )
     pipeline = read_pipeline(path, config)
     if matryoshka_dims is None:
         dims = _card_matryoshka_dims(path, pipeline.dim)
@@ -246,8 +259,9 @@ def pad_token_id(config: dict) -> int:
 
 
 def first_position(config: dict) -> int:
-    """Index of the first token's position embedding: pad_token_id + 1 in the RoBERTa family, else 0."""
-    if config.get("model_type") in ROBERTA_FAMILY:
+    """Index of the first token's position embedding: pad_token_id + 1 in the RoBERTa family and
+    MPNet, else 0."""
+    if config.get("model_type") in POSITIONS_AFTER_PADDING:
         return pad_token_id(config) + 1
     return 0
 

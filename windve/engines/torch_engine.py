@@ -13,6 +13,7 @@ their exact shape.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import numpy as np
@@ -73,12 +74,28 @@ def load_encoder(spec: ModelSpec, dtype: str = "fp32", attn: str = "sdpa") -> to
     model = AutoModel.from_pretrained(
         spec.path,
         dtype=TORCH_DTYPES[dtype],
-        attn_implementation=attn,
         use_safetensors=True,
         trust_remote_code=spec.trust_remote_code,
-        add_pooling_layer=False,
+        **_load_options(spec, attn),
     )
     return model.eval()
+
+
+def _load_options(spec: ModelSpec, attn: str) -> dict:
+    """What this encoder's class takes: no pooler where it has one, and `attn` where it implements
+    it, else eager. Passed to every class alike, add_pooling_layer had failed DistilBERT, ELECTRA,
+    DeBERTa-v2 and ModernBERT in a TypeError, and sdpa MPNet (all-mpnet-base-v2) in a ValueError."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING
+
+    config = AutoConfig.from_pretrained(spec.path, trust_remote_code=spec.trust_remote_code)
+    model_class = MODEL_MAPPING.get(type(config), None)
+    if model_class is None:  # remote code: as a BERT, which those models mostly are
+        return {"attn_implementation": attn, "add_pooling_layer": False}
+    options = {"attn_implementation": attn if attn != "sdpa" or model_class._supports_sdpa else "eager"}
+    if "add_pooling_layer" in inspect.signature(model_class.__init__).parameters:
+        options["add_pooling_layer"] = False
+    return options
 
 
 def prepare_device(device: str) -> torch.device:
