@@ -194,14 +194,18 @@ class Runtime:
         self.calibration, self.calibration_origin, self.calibration_warnings = calibration, origin, warnings
         if not self.ready:
             return  # the depths are still being set: _settle_depths takes it
-        sources = dict(self.depths)
+        updated = {}
         for name in self.instances:
             if self._configured_depth(name) is None:
                 source = depth_from_calibration(calibration, name, self.settings.slo_seconds, f"calibration ({origin})")
                 if source is not None:
-                    sources[name] = source
-        for source in self._somewhere_to_serve(sources).values():
-            self._use_depth(source)
+                    updated[name] = source
+        # Only what the calibration moved is set again: setting a pool's depth reseeds its control,
+        # which would put a pool the calibration does not name back at its start's depth.
+        merged = self.depths | updated
+        for name, source in self._somewhere_to_serve(merged).items():
+            if name in updated or source is not merged[name]:
+                self._use_depth(source)
 
     async def finish_start(self, address: Address | None) -> None:
         """Probe the pools that `start(probe_later=True)` left without a depth, then be ready.
