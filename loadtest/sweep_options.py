@@ -15,6 +15,7 @@ from loadtest.workload import add_workload_arguments
 
 DEFAULT_HOST = "http://127.0.0.1:8080"
 DEFAULT_USERS = "1,2,4,8,16,32,64"
+ROUTE_ENDINGS = ("/v1", "/embed", "/embeddings", "/health")
 
 
 def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
@@ -86,10 +87,13 @@ def http_url(text: str) -> str:
     parts = urlsplit(text)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise argparse.ArgumentTypeError(f"expected an http(s)://host[:port] URL, got {text!r}")
-    if parts.path.strip("/") or parts.query or parts.fragment:
-        # The sweep adds /health and the route (--api): ".../v1" asked /v1/health and waited on 404s.
+    path = parts.path.rstrip("/")
+    if parts.query or parts.fragment or path.endswith(ROUTE_ENDINGS):
+        # The sweep adds /health and the route (--api): ".../v1", an OpenAI client's base URL, asked
+        # /v1/health and waited on 404s. A proxy's prefix (http://gateway/windve) stays allowed.
         raise argparse.ArgumentTypeError(
-            f"expected an http(s)://host[:port] URL without a path (the route comes from --api), got {text!r}"
+            f"expected the server's base URL, http(s)://host[:port][/prefix], without the route "
+            f"(it comes from --api), got {text!r}"
         )
     return text.rstrip("/")
 

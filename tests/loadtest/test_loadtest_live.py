@@ -246,7 +246,8 @@ def test_what_cannot_make_a_query_exits_2_before_any_load(options: tuple[str, ..
         (("--slo", "inf"), "slo must be positive finite seconds"),
         (("--max-requests-per-step", "-5"), "expected zero or a positive whole number"),
         # /v1 had been put before /health and the route: it waited on 404s, saying nothing.
-        (("--host", "http://127.0.0.1:1/v1"), "without a path"),
+        (("--host", "http://127.0.0.1:1/v1"), "without the route (it comes from --api)"),
+        (("--host", "http://127.0.0.1:1/gateway/embed"), "without the route (it comes from --api)"),
         # The sweep ran to its end, then lost its figures in a FileNotFoundError traceback.
         (("--json-out", "/proc/sweep.json"), "--json-out /proc/sweep.json is not writable"),
     ],
