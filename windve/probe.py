@@ -115,12 +115,20 @@ class _Client:
     async def closed_loop(self, clients: int, queries: int) -> list[float]:
         """`clients` connections, each posting `queries` requests back to back; every answer's latency,
         in the order the answers came."""
+        # The texts first, off the loop (hundreds of exact-length texts take the tokenizer a while,
+        # and with several front ends this loop is the dispatcher's). Made after the connections
+        # were taken, on a loaded host they took longer than a front end keeps an idle connection
+        # (5 s): the round's first requests met closed connections, and the probe fell back to
+        # in-process timings, which left out HTTP and set a depth 10x too deep.
+        requests = await asyncio.to_thread(
+            lambda: [[next(self.requests) for _ in range(queries)] for _ in range(clients)]
+        )
         try:
             connections = await self.pool.connections(clients, self.greeting)  # before the clock
         except NoAnswer as error:
             raise ProbeFailed(str(error)) from None
         try:
-            answered = await self._round(connections, queries)
+            answered = await self._round(connections, requests)
         except BaseException:  # failed or cancelled: a connection may hold half an answer
             for connection in connections:
                 connection.close()
@@ -128,12 +136,7 @@ class _Client:
         self.pool.keep(connections)
         return answered
 
-    async def _round(self, connections: list[Connection], queries: int) -> list[float]:
-        # Off the loop: making hundreds of exact-length texts takes the tokenizer a while, and with
-        # several front ends this loop is the dispatcher's, whose state board must stay fresh.
-        requests = await asyncio.to_thread(
-            lambda: [[next(self.requests) for _ in range(queries)] for _ in range(len(connections))]
-        )
+    async def _round(self, connections: list[Connection], requests: list[list[bytes]]) -> list[float]:
         answered: list[float] = []
 
         async def client(connection: Connection, own: list[bytes]) -> None:

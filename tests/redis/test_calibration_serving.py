@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -134,6 +135,37 @@ def test_published_calibration_applies_live(redis_server, tmp_path, model_spec):
         )
         assert result.returncode != 0 and "Stale" in result.stderr
         assert cpu_pool(server.url)["depth"] == 123
+    finally:
+        server.stop()
+
+
+def test_a_live_calibration_of_one_pool_leaves_the_other_alone(redis_server, tmp_path, model_spec):
+    """Setting a depth reseeds that pool's control: a calibration naming the cpu pool only must not
+    set the accelerator pool's again (a first version of the no-pool-meets-the-SLO floor did)."""
+    config = tmp_path / "two-pools.yaml"
+    config.write_text(
+        "cpu_layout: explicit\nplan:\n  - {pool: accelerator, device: cpu, cores: [0]}\n  - {pool: cpu, cores: [1]}\n"
+    )
+    server = start_server(tmp_path, "--config", str(config), "--redis-url", redis_server.url, "--cache-size", "0")
+    try:
+        fingerprint = httpx.get(server.url + "/info").json()["hardware_fingerprint"]
+        newer = calibration(model_spec.revision, fingerprint, 123, "2026-06-01T00:00:00+00:00")
+        script = (
+            "import json, sys; from windve.calibration_store import publish_sync; "
+            "publish_sync(json.loads(sys.stdin.read()), sys.argv[1])"
+        )
+        subprocess.run(
+            [sys.executable, "-c", script, redis_server.url],
+            input=__import__("json").dumps(to_dict(newer)), text=True, check=True, timeout=60,
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and cpu_pool(server.url)["depth"] != 123:
+            time.sleep(0.1)
+        assert cpu_pool(server.url)["depth"] == 123
+        # Set once, at the start (the control's own moves log "depth N -> M").
+        assert len(re.findall(r"pool accelerator: depth \d+ \(", server.log())) == 1, server.log()
+        pools = {pool["name"]: pool for pool in httpx.get(server.url + "/info").json()["pools"]}
+        assert pools["accelerator"]["depth_source"].startswith("warm-up probe")  # http, or in-process if it failed
     finally:
         server.stop()
 

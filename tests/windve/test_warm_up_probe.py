@@ -148,3 +148,42 @@ def test_front_ends_of_a_warming_dispatcher_admit_but_say_starting(tmp_path):
 
     assert asyncio.run(body()) == ["starting", "ok"]
     board.close()
+
+
+def test_a_round_makes_its_texts_before_it_takes_its_connections(tmp_path) -> None:
+    """Made after, on a loaded host the texts took longer than a front end keeps an idle connection
+    (5 s): the round met closed connections and the probe fell back to in-process timings."""
+    import subprocess
+    import sys
+    from types import SimpleNamespace
+
+    from estimator.raw_http import Target
+    from tests.estimator.conftest import SIM_SERVER
+    from tests.servers import wait_healthy
+    from windve.probe import _Client
+
+    port = free_port()
+    process = subprocess.Popen([sys.executable, str(SIM_SERVER), "--port", str(port)])
+    try:
+        wait_healthy(SimpleNamespace(url=f"http://127.0.0.1:{port}", process=process, log=lambda: ""), timeout=60)
+        target = Target("127.0.0.1", port)
+        opened_when_made: list[int] = []
+
+        def requests():
+            while True:
+                opened_when_made.append(client.pool.opened)
+                yield target.request("POST", "/embed", b'{"inputs": "a text"}', {})
+
+        client = _Client(target, requests(), greeting=target.request("GET", "/health"))
+
+        async def round_() -> list[float]:
+            try:
+                return await client.closed_loop(3, 2)
+            finally:
+                client.close()
+
+        assert len(asyncio.run(round_())) == 6
+        assert opened_when_made == [0] * 6  # every text of the round before any connection
+    finally:
+        process.terminate()
+        process.wait(30)
