@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -42,6 +43,25 @@ def calibration(revision: str, fingerprint: str, depth: int, created: str) -> Ca
 
 def cpu_pool(url: str) -> dict:
     return next(pool for pool in httpx.get(url + "/info").json()["pools"] if pool["name"] == "cpu")
+
+
+def publish(redis_url: str, published: Calibration) -> subprocess.CompletedProcess[str]:
+    """`published` into Redis by another process, as `windve calibrate --redis-url` does."""
+    script = (
+        "import json, sys; from windve.calibration_store import publish_sync; "
+        "publish_sync(json.loads(sys.stdin.read()), sys.argv[1])"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", script, redis_url],
+        input=json.dumps(to_dict(published)), text=True, timeout=60, capture_output=True,
+    )
+
+
+def wait_for_cpu_depth(url: str, depth: int, timeout: float = 30.0) -> None:
+    """Poll /info until the cpu pool's depth is `depth`, within `timeout` (the caller asserts)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and cpu_pool(url)["depth"] != depth:
+        time.sleep(0.1)
 
 
 def test_serve_uses_the_calibration_file_and_warns_on_another_machine(tmp_path, model_spec):
@@ -110,17 +130,8 @@ def test_published_calibration_applies_live(redis_server, tmp_path, model_spec):
         assert before["depth_source"] == "warm-up probe (http)"
         fingerprint = httpx.get(server.url + "/info").json()["hardware_fingerprint"]
         newer = calibration(model_spec.revision, fingerprint, 123, "2026-06-01T00:00:00+00:00")
-        script = (
-            "import json, sys; from windve.calibration_store import publish_sync; "
-            "publish_sync(json.loads(sys.stdin.read()), sys.argv[1])"
-        )
-        subprocess.run(
-            [sys.executable, "-c", script, redis_server.url],
-            input=__import__("json").dumps(to_dict(newer)), text=True, check=True, timeout=60,
-        )
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and cpu_pool(server.url)["depth"] != 123:
-            time.sleep(0.1)
+        publish(redis_server.url, newer).check_returncode()
+        wait_for_cpu_depth(server.url, 123)
         pool = cpu_pool(server.url)
         assert (pool["depth"], pool["depth_source"]) == (123, "calibration (redis)")
         assert httpx.post(server.url + "/embed", json={"inputs": "still serving"}).status_code == 200
@@ -129,10 +140,7 @@ def test_published_calibration_applies_live(redis_server, tmp_path, model_spec):
         # An older calibration never replaces the one in force.
         older = replace(newer, pools={"cpu": replace(newer.pools["cpu"], depths=(SloDepth(1.0, 5, "old"),))},
                         created="2025-01-01T00:00:00+00:00")
-        result = subprocess.run(
-            [sys.executable, "-c", script, redis_server.url],
-            input=__import__("json").dumps(to_dict(older)), text=True, timeout=60, capture_output=True,
-        )
+        result = publish(redis_server.url, older)
         assert result.returncode != 0 and "Stale" in result.stderr
         assert cpu_pool(server.url)["depth"] == 123
     finally:
@@ -150,17 +158,8 @@ def test_a_live_calibration_of_one_pool_leaves_the_other_alone(redis_server, tmp
     try:
         fingerprint = httpx.get(server.url + "/info").json()["hardware_fingerprint"]
         newer = calibration(model_spec.revision, fingerprint, 123, "2026-06-01T00:00:00+00:00")
-        script = (
-            "import json, sys; from windve.calibration_store import publish_sync; "
-            "publish_sync(json.loads(sys.stdin.read()), sys.argv[1])"
-        )
-        subprocess.run(
-            [sys.executable, "-c", script, redis_server.url],
-            input=__import__("json").dumps(to_dict(newer)), text=True, check=True, timeout=60,
-        )
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and cpu_pool(server.url)["depth"] != 123:
-            time.sleep(0.1)
+        publish(redis_server.url, newer).check_returncode()
+        wait_for_cpu_depth(server.url, 123)
         assert cpu_pool(server.url)["depth"] == 123
         # Set once, at the start (the control's own moves log "depth N -> M").
         assert len(re.findall(r"pool accelerator: depth \d+ \(", server.log())) == 1, server.log()
