@@ -194,12 +194,11 @@ class Runtime:
         self.calibration, self.calibration_origin, self.calibration_warnings = calibration, origin, warnings
         if not self.ready:
             return  # the depths are still being set: _settle_depths takes it
-        updated = {}
-        for name in self.instances:
-            if self._configured_depth(name) is None:
-                source = depth_from_calibration(calibration, name, self.settings.slo_seconds, f"calibration ({origin})")
-                if source is not None:
-                    updated[name] = source
+        updated = {
+            name: source
+            for name in self.instances
+            if self._configured_depth(name) is None and (source := self._known_depth(name)) is not None
+        }
         # Only what the calibration moved is set again: setting a pool's depth reseeds its control,
         # which would put a pool the calibration does not name back at its start's depth.
         merged = self.depths | updated
@@ -258,20 +257,19 @@ class Runtime:
         return {"accelerator": self.settings.accelerator_depth, "cpu": self.settings.cpu_depth}.get(pool)
 
     def _needs_probe(self, pool: str) -> bool:
-        """No setting and no calibration gives `pool` a depth (what `_known_depth` would find)."""
+        """No setting and no calibration gives `pool` a depth: `_known_depth` finds none."""
         calibration = self.calibration
         return not self._configured_depth(pool) and (calibration is None or pool not in calibration.pools)
 
     def _known_depth(self, pool: str) -> DepthSource | None:
         """The depth from a setting or a calibration; None when the pool needs the probe."""
-        configured = self._configured_depth(pool)
-        if configured:
+        if self._needs_probe(pool):
+            return None
+        if configured := self._configured_depth(pool):
             return DepthSource(pool, configured, "setting")
-        if self.calibration is not None:
-            return depth_from_calibration(
-                self.calibration, pool, self.settings.slo_seconds, f"calibration ({self.calibration_origin})"
-            )
-        return None
+        return depth_from_calibration(
+            self.calibration, pool, self.settings.slo_seconds, f"calibration ({self.calibration_origin})"
+        )
 
     def _probe_batch(self, pool: str) -> int:
         """A full batch of probe queries per instance, as the pool's batch limits form them: on an
