@@ -471,18 +471,14 @@ def _weights_hash(root: Path, files: list[Path]) -> str:
     vectors. It costs about a second per GB read (sha256): `windve serve` reads the spec once
     (the plan's check and the engines' start share it while the files' stat holds) and hands it
     to every other process."""
-    for file in files:
-        _check_complete(root, file)
     stats = tuple((str(file), file.relative_to(root).as_posix(), _stat_key(file)) for file in files)
-    return _hash_files(stats)
+    return _hash_files(str(root), stats)
 
 
-def _check_complete(root: Path, file: Path) -> None:
+def _check_complete(root: str, file: str, name: str, size: int) -> None:
     """Raise ModelError for a safetensors file shorter than its header says, or with no header: an
     interrupted download had passed every check here, then failed in each engine process's start as
     "incomplete metadata, file not fully covered", naming no file. Reads the header only."""
-    size = file.stat().st_size
-    name = file.relative_to(root).as_posix()
     with open(file, "rb") as handle:
         head = handle.read(8)
         length = int.from_bytes(head, "little") if len(head) == 8 else -1
@@ -506,7 +502,10 @@ def _stat_key(file: Path) -> tuple[int, int, int, int]:
 
 
 @functools.lru_cache(maxsize=8)
-def _hash_files(stats: tuple[tuple[str, str, tuple[int, int, int, int]], ...]) -> str:
+def _hash_files(root: str, stats: tuple[tuple[str, str, tuple[int, int, int, int]], ...]) -> str:
+    """The weights' hash, once each file's header is checked whole; kept while their stat holds."""
+    for file, relative, (_, _, size, _) in stats:  # every header before seconds of hashing
+        _check_complete(root, file, relative, size)
     digest = hashlib.sha256()
     for file, relative, (_, _, size, _) in stats:
         digest.update(f"{relative}:{size}:".encode())
