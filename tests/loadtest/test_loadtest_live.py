@@ -47,6 +47,23 @@ def interruptible(command: list[str]) -> subprocess.Popen[str]:
     )  # fmt: skip
 
 
+def interrupted_at(command: list[str], line_start: str) -> tuple[int, str, str, str]:
+    """Run `command`, send it SIGINT once a stderr line starts with `line_start`; its exit code,
+    stdout, the stderr read until then and the rest of stderr."""
+    proc = interruptible(command)
+    try:
+        seen = []
+        for line in proc.stderr:
+            seen.append(line)
+            if line.startswith(line_start):
+                proc.send_signal(signal.SIGINT)
+                break
+        stdout, rest = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    return proc.returncode, stdout, "".join(seen), rest
+
+
 def expected_verdict(step: dict[str, Any], slo_seconds: float) -> bool:
     """The sweep's rule, recomputed from the step's own figures."""
     return (
@@ -144,19 +161,10 @@ def test_ctrl_c_keeps_the_steps_measured(loadtest_server: ServerProcess, tmp_pat
         sys.executable, "-m", "loadtest.sweep", "--host", loadtest_server.url, "--json-out", str(json_out),
         "--users", "1,2", "--step-seconds", "6", "--warmup-seconds", "0.5", "--slo", "5",
     ]  # fmt: skip
-    proc = interruptible(command)
-    try:
-        seen = []
-        for line in proc.stderr:  # the first step is measured once the second one starts
-            seen.append(line)
-            if line.startswith("  users 2: running"):
-                proc.send_signal(signal.SIGINT)
-                break
-        stdout, rest = proc.communicate(timeout=60)
-    finally:
-        proc.kill()
-    stderr = "".join(seen) + rest
-    assert proc.returncode == 130, stderr
+    # The first step is measured once the second one starts.
+    code, stdout, seen, rest = interrupted_at(command, "  users 2: running")
+    stderr = seen + rest
+    assert code == 130, stderr
     assert "interrupted; the step under way is not reported" in stderr
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
     result = json.loads(json_out.read_text())
@@ -265,16 +273,9 @@ def test_bad_options_exit_2_before_any_load(options: tuple[str, ...], message: s
 def test_ctrl_c_while_waiting_for_the_server_is_one_line() -> None:
     """It had printed KeyboardInterrupt and a timestamp to stdout, then gevent's traceback."""
     closed = f"http://127.0.0.1:{free_port()}"
-    proc = interruptible([sys.executable, "-m", "windve.cli", "loadtest", "--host", closed, "--wait-ready", "60"])
-    try:
-        for line in proc.stderr:
-            if line.startswith("waiting up to 60 s for"):
-                proc.send_signal(signal.SIGINT)
-                break
-        stdout, stderr = proc.communicate(timeout=60)
-    finally:
-        proc.kill()
-    assert proc.returncode == 130, stderr
+    command = [sys.executable, "-m", "windve.cli", "loadtest", "--host", closed, "--wait-ready", "60"]
+    code, stdout, _, stderr = interrupted_at(command, "waiting up to 60 s for")
+    assert code == 130, stderr
     assert stderr.strip() == "windve loadtest: interrupted" and stdout == ""
 
 
