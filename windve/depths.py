@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from estimator import DEFAULT_HEADROOM, Calibration, LengthFit, LinearFit, decide_depth, decide_profile_depth
+from estimator.fit import DepthDecision
 from queue_manager.depth_control import p99
 from queue_manager.pool import TokenCharge
 
@@ -90,37 +91,67 @@ def depth_from_calibration(calibration: Calibration, pool: str, slo: float, orig
 # client sends its next query as soon as its last is answered; all start together.
 ClosedLoop = Callable[[int, int], Awaitable[list[float]]]
 
-STEADY_QUERIES = 6  # per client in the steady round, of which 4 x the clients' answers are counted
+STEADY_QUERIES = 6  # per client in the steady and settled rounds, of which 4 x the clients' answers are counted
+STEADY_BATCHES = 2  # the steady round's clients, in full batches (per instance, as engine processes pipeline them)
+# The settled round's clients at most, in steady rounds' worth: a depth read off a line with no slope
+# (the cap, 4,096) must not open thousands of connections at start.
+SETTLED_REACH = 4
+# A settled level this close to the steady one, relative to it, measures nothing the steady round did not.
+SAME_LEVEL = 0.10
+
+
+def probe_room(batch: int) -> int:
+    """The depth a probed pool needs meanwhile: twice the probe's most clients (a remote front end
+    checks room on a board refreshed every few milliseconds; a stale one must not refuse the probe)."""
+    return 2 * SETTLED_REACH * STEADY_BATCHES * batch
+
+
+async def _steady_tail(closed_loop: ClosedLoop, clients: int) -> tuple[float, list[float]]:
+    """The p99 of a closed loop of `clients`, each sending STEADY_QUERIES queries back to back, over
+    the answers after the first `clients` and before the last (the burst that fills the queues and
+    the drain that empties them); and those answers."""
+    latencies = await closed_loop(clients, STEADY_QUERIES)
+    steady = latencies[clients:-clients]
+    return p99(steady), steady
 
 
 async def probe_rounds(
     pool: str, closed_loop: ClosedLoop, batch: int, slo: float, path: str, query_tokens: int
 ) -> DepthSource:
-    """A two-point estimate of p99 `latency = alpha*C + beta`, the depth a pool starts with when neither
-    a setting nor a calibration gives one; the online depth controller moves on from it.
+    """The depth a pool starts with when neither a setting nor a calibration gives one, from the
+    line p99 `latency = alpha*C + beta` through two points; the online depth controller moves on
+    from it.
 
-    One query alone gives beta. The second point is the pool in its steady state: C = 2 x `batch`
-    clients (two full batches per instance, as engine processes pipeline them) in a closed loop, each
-    sending STEADY_QUERIES queries back to back; the p99 of the answers after the first C and before
-    the last C (the burst that fills the queues and the drain that empties them) is the tail at C, and
-    alpha the slope between the points. A burst of one batch, timed to its last answer, read the
-    pool 25-35 % too fast: it has no batch queued ahead of it, no other batch's requests being read
-    and answered by the front end meanwhile, and it times the mean wait rather than the tail, which
-    sat at 1.4x the mean in a closed loop here (bench/ESTIMATOR.md). A first, unmeasured round lets
-    the kernels meet these shapes before the clock runs. The depth keeps `windve calibrate`'s default
-    headroom. `path` says what the rounds went through ("http": the service's own front end,
-    windve.probe; "in-process": the pool's queue, `probe_depth`), for /info.
+    One query alone gives beta. The steady round puts the pool in its steady state: C = 2 x `batch`
+    clients (two full batches per instance, as engine processes pipeline them) in a closed loop
+    (`_steady_tail`); the line through beta and its tail gives a first depth. A burst of one batch,
+    timed to its last answer, read the pool 25-35 % too fast: it has no batch queued ahead of it, no
+    other batch's requests being read and answered by the front end meanwhile, and it times the mean
+    wait rather than the tail, which sat at 1.4x the mean in a closed loop here (bench/ESTIMATOR.md).
+
+    The settled round measures the tail at that first depth the same way (at most SETTLED_REACH
+    steady rounds' worth of clients), and the depth is read off the line through beta and it: read
+    from a level 1.5x past it, the first depth sat between the headroom's crossing and the SLO's,
+    and depth control cut it under clients as many as the depth (bench/SERVED.md). Where the first
+    depth is within SAME_LEVEL of the steady level, that round's tail is the settled one.
+
+    A first, unmeasured round lets the kernels meet these shapes before the clock runs. The depth
+    keeps `windve calibrate`'s default headroom. `path` says what the rounds went through ("http":
+    the service's own front end, windve.probe; "in-process": the pool's queue, `probe_depth`), for /info.
     """
     await closed_loop(batch, 1)
     beta = min([(await closed_loop(1, 1))[0] for _ in range(3)])
-    clients = 2 * batch
-    latencies = await closed_loop(clients, STEADY_QUERIES)
-    steady = latencies[clients:-clients]
-    tail = p99(steady)
-    alpha = max(tail - beta, 0.0) / max(1, clients - 1)
-    decision = decide_depth(LinearFit(alpha, beta, r2=math.nan, points=2), slo, headroom=DEFAULT_HEADROOM)
+    clients = STEADY_BATCHES * batch
+    tail, steady = await _steady_tail(closed_loop, clients)
+    first = _depth_through(beta, clients, tail, slo)
+    settled_clients, settled_tail = clients, tail
+    if first.depth is not None and abs(first.depth - clients) > SAME_LEVEL * clients:
+        settled_clients = min(first.depth, SETTLED_REACH * clients)
+        settled_tail, _ = await _steady_tail(closed_loop, settled_clients)
+    decision = _depth_through(beta, settled_clients, settled_tail, slo)
+    alpha = _slope(beta, settled_clients, settled_tail)
     # Even a pool too slow for the SLO serves one query at a time: refusing everything at
-    # start, on two rounds of evidence, would be worse than a late answer.
+    # start, on a few rounds of evidence, would be worse than a late answer.
     return DepthSource(
         pool,
         decision.depth or 1,
@@ -133,10 +164,23 @@ async def probe_rounds(
             "steady_clients": clients,
             "steady_p99": tail,
             "steady_queries_per_s": clients * len(steady) / sum(steady),  # Little's law
+            "first_depth": first.depth,
+            "settled_clients": settled_clients,
+            "settled_p99": settled_tail,
             "path": path,
             "reason": decision.reason,
         },
     )
+
+
+def _slope(beta: float, clients: int, tail: float) -> float:
+    return max(tail - beta, 0.0) / max(1, clients - 1)
+
+
+def _depth_through(beta: float, clients: int, tail: float, slo: float) -> DepthDecision:
+    """decide_depth on the line through (1, beta) and (`clients`, `tail`)."""
+    fit = LinearFit(_slope(beta, clients, tail), beta, r2=math.nan, points=2)
+    return decide_depth(fit, slo, headroom=DEFAULT_HEADROOM)
 
 
 async def probe_depth(

@@ -30,7 +30,7 @@ from estimator import Calibration, CalibrationError, fingerprint_mismatch, load_
 from estimator.calibration import from_dict as calibration_from_dict
 from queue_manager.manager import QueueManager
 from queue_manager.protocol import Instance
-from windve.depths import PROBE_TOKENS, DepthSource, depth_from_calibration, probe_depth
+from windve.depths import PROBE_TOKENS, DepthSource, depth_from_calibration, probe_depth, probe_room
 from windve.engines import resolve_dtype
 from windve.model import ModelSpec, load_model_spec
 from windve.probe import Address, ProbeFailed, exact_length_texts, probe_over_http
@@ -300,16 +300,14 @@ class Runtime:
     def _pinned(self, pool: str) -> Iterator[None]:
         """Room in `pool` only, so that the front end's admission sends the probe's requests there.
 
-        Room for twice the probe's most in flight (its steady round's two batches per instance): a
-        remote front end checks room on the board, which is refreshed every few milliseconds, and a
-        stale one must not refuse the probe's next query.
+        Room for twice the probe's most in flight (`probe_room`).
         Adaptive depth control holds still meanwhile, or it would move these depths; _settle_depths
         sets every pool's depth after."""
         qm = self.queue_manager
         control, qm.depth_control = qm.depth_control, "static"
         try:
             for name in self.instances:
-                qm.set_depth(name, 4 * self._probe_batch(pool) if name == pool else 0)
+                qm.set_depth(name, probe_room(self._probe_batch(pool)) if name == pool else 0)
             yield
         finally:
             qm.depth_control = control

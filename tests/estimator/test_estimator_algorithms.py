@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import estimator.profile as profile_module
-from estimator.fit import DEFAULT_HEADROOM, LinearFit, decide_depth
+from estimator.fit import DEFAULT_DEPTH_CAP, DEFAULT_HEADROOM, LinearFit, decide_depth
 from estimator.layouts import choose_layout
 from estimator.pipeline import CalibrationOptions, calibrate_pool, fit_profile
 from estimator.profile import (
@@ -106,7 +106,7 @@ def test_interleaved_levels_take_their_rounds_in_turn_and_each_keeps_its_own_tai
         assert samples[level].rounds == 3 and samples[level].failures == 0
 
 
-def test_warm_up_probe_reads_the_line_through_one_query_and_the_steady_state() -> None:
+def test_warm_up_probe_settles_the_depth_at_the_tail_where_the_steady_line_put_it() -> None:
     from windve.depths import probe_depth
 
     async def body(pool: SimulatedPool):
@@ -119,11 +119,40 @@ def test_warm_up_probe_reads_the_line_through_one_query_and_the_steady_state() -
     assert source.detail["steady_clients"] == 16
     assert source.detail["steady_p99"] == pytest.approx(0.034, rel=1e-12)
     assert source.detail["steady_queries_per_s"] == pytest.approx(8 / 0.017, rel=1e-12)
-    assert alpha == pytest.approx((0.034 - 0.003) / 15, rel=1e-12)  # the line through both points
+    comfortable = SLO * (1 - DEFAULT_HEADROOM)
+
+    def steady_p99(clients: int) -> float:
+        # C clients re-asking at once keep every batch full: the last answered waits ceil(C/8) batches.
+        return math.ceil(clients / 8) * 0.017
+
+    # The line through one query and the steady state puts the depth at 60, where the pool's tail
+    # (8 batches) is inside the SLO but not its headroom: the depth the probe once set.
+    first = decide_depth(LinearFit((0.034 - 0.003) / 15, beta, math.nan, 2), SLO, headroom=DEFAULT_HEADROOM)
+    assert source.detail["first_depth"] == first.depth == 60
+    assert comfortable < steady_p99(60) < SLO
+    # The settled round measures 60 clients, and the line through one query and their tail sets it.
+    assert source.detail["settled_clients"] == 60
+    assert source.detail["settled_p99"] == pytest.approx(steady_p99(60), rel=1e-12)
+    assert alpha == pytest.approx((steady_p99(60) - 0.003) / 59, rel=1e-12)
     assert source.source == "warm-up probe (in-process)"
-    assert source.depth == decide_depth(LinearFit(alpha, beta, math.nan, 2), SLO, headroom=DEFAULT_HEADROOM).depth == 60
-    # The pool's own p99 at that depth: 8 batches of 17 ms, inside the SLO.
-    assert SERVICE.expected_p99(source.depth, TOKENS) <= SLO
+    assert source.depth == decide_depth(LinearFit(alpha, beta, math.nan, 2), SLO, headroom=DEFAULT_HEADROOM).depth == 55
+    # The pool's tail at that depth (7 batches) is inside the headroom, which holds up to 56 clients.
+    assert steady_p99(55) == steady_p99(56) <= comfortable < steady_p99(57)
+
+
+def test_warm_up_probe_settles_no_further_than_its_reach() -> None:
+    # An SLO the line never reaches: the first depth is the cap (4,096), and the settled round
+    # opens SETTLED_REACH steady rounds' worth of clients, not thousands.
+    from windve.depths import SETTLED_REACH, probe_depth
+
+    async def body(pool: SimulatedPool):
+        return await probe_depth("sim", pool.submit, constant_query(TOKENS), SERVICE.max_batch_size, 1000.0)
+
+    source = run_virtual(_with_pool(SERVICE, body))
+    assert source.detail["first_depth"] == DEFAULT_DEPTH_CAP
+    assert source.detail["settled_clients"] == SETTLED_REACH * 16 == 64
+    assert source.detail["settled_p99"] == pytest.approx(8 * 0.017, rel=1e-12)  # 64 clients: 8 full batches
+    assert source.depth == DEFAULT_DEPTH_CAP
 
 
 def test_warm_up_probe_of_a_pool_too_slow_for_the_slo_still_serves_one_query() -> None:

@@ -27,9 +27,12 @@ def _pools(server: ServerProcess) -> list[dict]:
     return info["pools"]
 
 
-def _probe_queries(batch: int) -> int:
-    # One unmeasured batch, three single queries, the steady round: two batches' worth of clients.
-    return batch + 3 + 2 * batch * STEADY_QUERIES
+def _probe_queries(fit: dict) -> int:
+    # One unmeasured batch, three single queries, the steady round (two batches' worth of clients),
+    # and the settled round where the steady line's depth was another level.
+    batch, steady, settled = fit["batch"], fit["steady_clients"], fit["settled_clients"]
+    assert steady == 2 * batch
+    return batch + 3 + (steady + (settled if settled != steady else 0)) * STEADY_QUERIES
 
 
 def _check_probed_over_http(server: ServerProcess) -> None:
@@ -45,7 +48,7 @@ def _check_probed_over_http(server: ServerProcess) -> None:
     # Every probe query was an HTTP request that a front end tokenized; its Cache-Control kept the
     # embedding cache (on by default) out of it. The clients' metrics leave the probe's requests
     # out (a deploy had shown hundreds of requests over the SLO before its first client).
-    queries = sum(_probe_queries(pool["fit"]["batch"]) for pool in pools)
+    queries = sum(_probe_queries(pool["fit"]) for pool in pools)
     assert metric_sum(metrics, "windve_tokenization_seconds_count") == queries
     assert metric_sum(metrics, "windve_requests_total") == metric_sum(metrics, "windve_input_tokens_total") == 0
     assert metric_sum(metrics, "windve_request_seconds_count") == 0
