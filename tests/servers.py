@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,18 +90,30 @@ class ServerProcess:
         return self.process.returncode
 
 
-def start_server(workdir: Path, *args: str, env: dict[str, str] | None = None, wait: bool = True) -> ServerProcess:
-    """`windve serve` with `args`; waits until /health answers 200 (or the process dies)."""
+def start_server(
+    workdir: Path, *args: str, env: dict[str, str] | None = None, wait: bool = True,
+    open_files: tuple[int, int] | None = None,
+) -> ServerProcess:
+    """`windve serve` with `args`; waits until /health answers 200 (or the process dies).
+    `open_files`: the (soft, hard) descriptor limit it starts with."""
     port = free_port()
     log_path = workdir / f"server-{port}.log"
     full_env = os.environ | {"HF_HUB_OFFLINE": "1", "WINDVE_ONNX_CACHE_DIR": str(workdir / "onnx")} | (env or {})
     command = [sys.executable, "-m", "windve.commands.serve", "--host", "127.0.0.1", "--port", str(port), *args]
     with log_path.open("wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=full_env, cwd=workdir)
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=full_env, cwd=workdir,
+                                   preexec_fn=None if open_files is None else _limit_open_files(open_files))
     server = ServerProcess(f"http://127.0.0.1:{port}", port, process, log_path)
     if wait:
         wait_healthy(server)
     return server
+
+
+def _limit_open_files(limits: tuple[int, int]) -> Callable[[], None]:
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, limits)
+
+    return limit
 
 
 def wait_healthy(server, timeout: float = START_TIMEOUT) -> None:

@@ -40,6 +40,7 @@ from estimator.profile import ProfileOptions, profile_pool
 from estimator.rounds import MakeQuery, Progress, ProgressHook, Submit, timed_request
 from estimator.stress import DEFAULT_STEP
 from windve.gc_tuning import tune_gc_for_serving
+from windve.open_files import raise_open_files
 from windve.output_files import check_writable
 
 if TYPE_CHECKING:  # the command's module is imported for every `windve` command: keep it light
@@ -479,18 +480,11 @@ def allow_open_files(wanted: int) -> str | None:
     """Raise this process's soft open-file limit to `wanted` (at most the hard limit).
 
     Profiling over HTTP holds one connection per query in flight, in this process and in the server,
-    which inherits the limit when this process starts it; the soft limit is often 1024 while the hard
-    one is far higher: without this, a deep level would fail with "Too many open files" and be read as a
-    miss. Returns what still falls short, or None.
+    which inherits the limit when this process starts it; without this, a deep level would fail with
+    "Too many open files" and be read as a miss. Returns what still falls short, or None.
     """
-    import resource
-
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY or soft >= wanted:
-        return None
-    raised = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
-    if raised >= wanted:
+    raised = raise_open_files(wanted)
+    if raised is None or raised >= wanted:
         return None
     return (
         f"open files are limited to {raised} (ulimit -n, hard limit), so levels beyond "

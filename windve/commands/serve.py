@@ -19,6 +19,7 @@ import uvicorn
 
 from windve.commands.settings_flags import add_settings_flags, settings_from_args
 from windve.frontend.server import FrontEndServer
+from windve.open_files import raise_open_files
 
 log = logging.getLogger("windve.serve")
 
@@ -84,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, DeviceError) as error:  # PlanError, ModelError are ValueErrors
         print(f"windve serve: {error}", file=sys.stderr)
         return 2
+    raise_open_files()  # a descriptor per client connection; the processes started here inherit it
     workers, cores = front_end_processes(settings, plan)
     if workers > 1:
         from windve.dispatcher.supervisor import Supervisor
