@@ -167,6 +167,16 @@ def uvicorn_in_thread(app, **config) -> Iterator[tuple[uvicorn.Server, int]]:
         thread.join(10)
 
 
+async def asgi_body(receive) -> bytes:
+    """An ASGI request's whole body."""
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            return body
+
+
 def read_answers(sock: socket.socket, count: int) -> list[tuple[int, dict[str, str], bytes]]:
     """`count` HTTP/1.1 responses off a raw socket, each (status, headers, body); fewer if it closes first."""
     data, answers = b"", []

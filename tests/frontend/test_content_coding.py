@@ -66,3 +66,18 @@ def test_a_coding_the_server_cannot_decode_is_415_in_each_shape(client, coding):
     assert tei.headers["accept-encoding"] == "gzip, deflate"
     openai = post(client, "/v1/embeddings", b"\x00\x01", coding)
     assert openai.status_code == 415 and openai.json()["error"]["code"] == "unsupported_content_encoding"
+
+
+@pytest.mark.parametrize(
+    ("lines", "encode", "status"),
+    [((("identity",), ("gzip",)), gzip.compress, 200),  # only the first line had been read: 422
+     ((("gzip",), ("gzip",)), lambda body: gzip.compress(gzip.compress(body)), 200),
+     ((("gzip",), ("br",)), gzip.compress, 415)],  # br had gone unseen: a 200 for a body never brotli'd
+)  # fmt: skip
+def test_content_encoding_on_several_lines_is_one_list(client, lines, encode, status):
+    """RFC 9110 5.3: a field sent on several lines is the list of their values, in order."""
+    headers = [("Content-Type", "application/json")] + [("Content-Encoding", value) for (value,) in lines]
+    response = client.post("/embed", content=encode(orjson.dumps({"inputs": TEXTS})), headers=headers)
+    assert response.status_code == status, response.text
+    if status == 200:
+        assert response.json() == client.post("/embed", json={"inputs": TEXTS}).json()

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from queue_manager.protocol import Busy, ShuttingDown
-from tests.servers import read_answers, uvicorn_in_thread
+from tests.servers import asgi_body, read_answers, uvicorn_in_thread
 from windve.frontend.gate import OverloadGate
 from windve.frontend.http_protocol import JsonErrorHttpToolsProtocol
 from windve.frontend.pipeline import ARRIVED, refusal
@@ -50,12 +50,7 @@ class RecordingApp:
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        await asgi_body(receive)
         self.seen.append(scope["path"])
         self.arrived.append(scope.get(ARRIVED))
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})

@@ -75,7 +75,8 @@ def test_model_id_no_route_pattern_matches_is_model_not_found(client):
         ("DELETE", "/", "GET, HEAD, OPTIONS, POST"),
         ("GET", "/embed", "OPTIONS, POST"),
         ("PUT", "/v1/embeddings", "OPTIONS, POST"),
-        ("POST", "/v1/models/x", "GET, OPTIONS"),
+        ("POST", "/v1/models/x", "GET, HEAD, OPTIONS"),
+        ("DELETE", "/metrics", "GET, HEAD, OPTIONS"),
         ("POST", "/health", "GET, HEAD, OPTIONS"),
     ],
 )
@@ -86,6 +87,14 @@ def test_wrong_method_is_405_naming_every_allowed_method(client, method, path, a
         assert allowed in assert_openai_error(response, 405)["message"]
     else:
         assert allowed in assert_tei_error(response, 405, "method_not_allowed")
+
+
+@pytest.mark.parametrize("path", ["/health", "/", "/info", "/metrics", "/v1/models", "/models", "/v1/models/x"])
+def test_every_get_route_answers_head_with_the_gets_status_and_no_body(client, path):
+    """RFC 9110 9.1; uptime checks and load balancers probe with HEAD (it was a 405 but on /health)."""
+    got, head = client.get(path), client.head(path)
+    assert head.status_code == got.status_code and head.content == b""
+    assert head.headers["content-type"] == got.headers["content-type"]
 
 
 def test_options_answers_the_methods_a_path_serves(client):

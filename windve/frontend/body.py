@@ -22,7 +22,8 @@ async def read_json(request: Request, limit: int) -> Any:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, f"request body of {declared} bytes exceeds the limit of {limit} bytes", TOO_LARGE)
-    codings = _codings(request.headers.get("content-encoding", ""))
+    # A header sent on several lines is one list (RFC 9110 5.3): each line's codings count.
+    codings = _codings(", ".join(request.headers.getlist("content-encoding")))
     chunks = []
     size = 0
     while True:

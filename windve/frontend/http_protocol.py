@@ -25,6 +25,7 @@ Serve with `uvicorn.Config(app, http=JsonErrorHttpToolsProtocol)` (or the import
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import math
 import socket
@@ -58,6 +59,8 @@ class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
     _patience: asyncio.TimerHandle | None = None
     _waited_since: float | None = None  # when the request read next arrived, if it waited parked
     _watched: int | None = None  # this connection's key for the loop's arrival stamps (event_loop.py)
+    # Bytes of the body of a request that asked to upgrade, still to come past the parser (_ignore_upgrade).
+    _upgrade_body = 0
 
     def shutdown(self) -> None:
         """The server's graceful shutdown: uvicorn closes an idle keep-alive connection at once, and a
@@ -107,7 +110,20 @@ class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
         if (beat := getattr(self.loop, "beat", None)) is not None:
             beat.progress()  # the loop reads: slow maybe, not stalled (windve.heartbeat)
         heads = self._head.heads
-        super().data_received(data)
+        if self._upgrade_body:
+            data = self._upgrade_body_part(data)
+        self._unset_keepalive_if_required()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            self.send_400_response("Invalid HTTP request received.")
+            return
+        except httptools.HttpParserUpgrade as upgrade:
+            self._ignore_upgrade()
+            rest = data[upgrade.args[0] :]
+            if rest and not self.transport.is_closing():
+                self.data_received(rest)
+                return
         self._body.read_over()
         if self._head.read(len(data), heads) and not self.transport.is_closing():
             self._refuse_head(431, f"the request's line and headers exceed {MAX_HEAD_BYTES} bytes")
@@ -118,6 +134,27 @@ class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
             # the headers) must not hold room meanwhile. Clients that sent only the head of a POST
             # had made the service answer 429 to everyone while its pool stood idle.
             release_pass(cycle.scope)
+
+    def _ignore_upgrade(self) -> None:
+        """Serve a request that asked to upgrade the connection (`Upgrade: h2c`, as `curl --http2`
+        sends over http://, or websocket) over HTTP/1.1, as a server that upgrades to nothing may
+        (RFC 9110 7.8) and TEI's does. httptools has its parser skip such a request's body and
+        stop after its head: uvicorn then served the request with an empty body (422) and dropped
+        what was pipelined behind it. A new parser reads on, after the body, which
+        `_upgrade_body_part` hands to the request."""
+        self.parser = httptools.HttpRequestParser(self)
+        with contextlib.suppress(AttributeError):  # as uvicorn sets its own, where httptools can
+            self.parser.set_dangerous_leniencies(lenient_data_after_close=True)
+
+    def _upgrade_body_part(self, data: bytes) -> bytes:
+        """Of `data`, hand the upgrade-asking request its body's next bytes; what is left after."""
+        part, data = data[: self._upgrade_body], data[self._upgrade_body :]
+        self._upgrade_body -= len(part)
+        if part:
+            self.on_body(part)
+        if not self._upgrade_body:
+            self.on_message_complete()
+        return data
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -140,10 +177,25 @@ class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._head.done()
         self._body.progress()  # until on_message_complete: a request without a body ends at once
+        if self.parser.should_upgrade() and self._upgrade_refused():
+            return
         if not (self._health_early() or self._refuse_early()):
             super().on_headers_complete()
             if self._shutting_down and self.cycle is not None:
                 self.cycle.keep_alive = False
+
+    def _upgrade_refused(self) -> bool:
+        """A request asking to upgrade: its body, which the parser will skip, is passed by hand
+        (_ignore_upgrade); one sent chunked is refused, and its connection closed."""
+        if self.parser.get_method() == b"CONNECT":
+            return False  # no body; answered 405, as any method no route serves
+        headers = dict(self.headers)
+        if b"chunked" in headers.get(b"transfer-encoding", b"").lower():
+            message = "a request asking to upgrade the connection must send its body with Content-Length"
+            self._refused = (*_rendered(400, message, MALFORMED, None, _path(self.url)), False, False)
+            return True
+        self._upgrade_body = int(headers.get(b"content-length", b"0"))  # the parser checked it
+        return False
 
     def _health_early(self) -> bool:
         method = self.parser.get_method()
@@ -188,6 +240,8 @@ class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
             super().on_body(body)
 
     def on_message_complete(self) -> None:
+        if self._upgrade_body:  # the parser skipped the body: complete once it is passed on
+            return
         self._body.done()
         if self._refused is None:
             super().on_message_complete()

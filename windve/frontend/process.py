@@ -47,6 +47,9 @@ def uvicorn_config(app, settings: Settings, drain_seconds: int, **where) -> uvic
         OverloadGate(app, DIRECT_ROUTES),
         loop="windve.frontend.event_loop:new_event_loop",
         http=JsonErrorHttpToolsProtocol,
+        # No WebSocket routes: with uvicorn's "auto" (websockets is installed beside it) a POST asking
+        # to upgrade was handed to the WebSocket protocol, never answered, and failed the drain.
+        ws="none",
         backlog=4096,
         log_level=settings.log_level,
         access_log=settings.log_level == "debug",

@@ -12,7 +12,7 @@ import asyncio
 import base64
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from fastapi import APIRouter
 from fastapi.routing import APIRoute
@@ -45,6 +45,19 @@ from windve.frontend.schemas import (
 from windve.frontend.tokenize_limits import tokenize_within_limits
 
 router = APIRouter()
+
+
+def get_and_head(path: str, **options: Any) -> Callable[[Callable], Callable]:
+    """router.get, answering HEAD too (RFC 9110 9.1: load balancers and uptime checks probe with
+    it), as Starlette's own routes do and FastAPI's do not. The HEAD route stays out of the OpenAPI
+    document, where it would repeat the GET operation's id."""
+
+    def register(endpoint: Callable) -> Callable:
+        router.add_api_route(path, endpoint, methods=["GET"], **options)
+        router.add_api_route(path, endpoint, methods=["HEAD"], include_in_schema=False)
+        return endpoint
+
+    return register
 
 BodyModel = TypeVar("BodyModel", bound=BaseModel)
 
@@ -194,10 +207,10 @@ def _served_model(request: Request) -> dict:
     ).model_dump()
 
 
-@router.get("/v1/models", summary="The served model (OpenAI models shape)", response_model=OpenAIModelList,
-            responses=_MODELS_ERRORS)
-@router.get("/models", summary="Same as /v1/models, at Infinity's default path", response_model=OpenAIModelList,
-            responses=_MODELS_ERRORS)
+@get_and_head("/v1/models", summary="The served model (OpenAI models shape)",
+              response_model=OpenAIModelList, responses=_MODELS_ERRORS)
+@get_and_head("/models", summary="Same as /v1/models, at Infinity's default path",
+              response_model=OpenAIModelList, responses=_MODELS_ERRORS)
 async def openai_models(request: Request) -> Response:
     async def handle() -> Response:
         return json_response({"object": "list", "data": [_served_model(request)]})
@@ -211,10 +224,10 @@ _MODEL_ROUTE = {
 }
 
 
-@router.get("/v1/models/{model_id:path}", summary="One model by id (OpenAI shape); 404 for any but the served one",
-            **_MODEL_ROUTE)
-@router.get("/models/{model_id:path}", summary="Same as /v1/models/{model_id}, at Infinity's default path",
-            **_MODEL_ROUTE)
+@get_and_head("/v1/models/{model_id:path}",
+              summary="One model by id (OpenAI shape); 404 for any but the served one", **_MODEL_ROUTE)
+@get_and_head("/models/{model_id:path}",
+              summary="Same as /v1/models/{model_id}, at Infinity's default path", **_MODEL_ROUTE)
 async def openai_model(request: Request, model_id: str) -> Response:
     return await model_by_id(request, model_id)
 
@@ -237,11 +250,8 @@ async def model_by_id(request: Request, model_id: str) -> Response:
 HEALTH_PATHS = ("/health", "/")  # GET / is /health too, as TEI answers it
 
 
-# HEAD too: load balancers and uptime checks probe with it.
-@router.api_route(
-    "/health", methods=["GET", "HEAD"], summary="200 when every pool can serve, 503 while loading or broken"
-)
-@router.api_route("/", methods=["GET", "HEAD"], summary="Same as /health, at the root where TEI answers it")
+@get_and_head("/health", summary="200 when every pool can serve, 503 while loading or broken")
+@get_and_head("/", summary="Same as /health, at the root where TEI answers it")
 async def health(request: Request) -> Response:
     """From the dispatcher's board (or its in-process state): never waits behind embedding work.
     Under uvicorn the HTTP protocol answers it before this route (http_protocol.py), alike."""
@@ -259,7 +269,7 @@ def health_answer(state) -> tuple[dict, int]:
     return status, 200 if status["status"] in ("ok", "degraded") else 503
 
 
-@router.get("/info", summary="Model, devices, pools, queue depths, SLO, version")
+@get_and_head("/info", summary="Model, devices, pools, queue depths, SLO, version")
 async def info(request: Request) -> Response:
     try:
         check_api_key(request)
@@ -308,7 +318,7 @@ async def info(request: Request) -> Response:
     return json_response(body)
 
 
-@router.get("/metrics", summary="Prometheus metrics")
+@get_and_head("/metrics", summary="Prometheus metrics")
 async def prometheus_metrics(request: Request) -> Response:
     front_end = _state(request).runtime
     dispatcher_text = b""
