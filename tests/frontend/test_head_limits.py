@@ -41,6 +41,32 @@ def test_a_head_over_the_limit_is_431_and_the_connection_closed(served):
     assert app.seen == []
 
 
+@pytest.mark.parametrize(
+    "headers",
+    [b"X-Long: " + b"a" * 70_000 + b"\r\n", b"".join(b"X-%d: %s\r\n" % (i, b"b" * 56) for i in range(1_800))],
+    ids=["one long header", "many headers"],
+)
+def test_a_head_over_the_limit_that_comes_whole_is_431_too(served, headers):
+    """Counted by reads from the one after a head's first, a head sent in one read passed the
+    limit by up to a read (70 KB in one header, 111 KB in 1,800, were served)."""
+    app, port = served
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as client:
+        client.sendall(b"POST /embed HTTP/1.1\r\nHost: t\r\n" + headers + b"Content-Length: %d\r\n\r\n" % len(BODY)
+                       + BODY)
+        answers = read_answers(client, 1)
+        assert client.recv(1) == b""  # closed
+    assert [status for status, _, _ in answers] == [431], answers
+    assert app.seen == []
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as client:  # 64 KiB exactly is served
+        # Counted as the target and each header's name, value, ": " and CRLF.
+        length = str(len(BODY)).encode()
+        padding = head_limits.MAX_HEAD_BYTES - len(b"/embed") - (4 + 1 + 4) - (5 + 4) - (14 + len(length) + 4)
+        for extra, status in ((0, 200), (1, 431)):
+            client.sendall(b"POST /embed HTTP/1.1\r\nHost: t\r\nX-Pad: " + b"c" * (padding + extra) + b"\r\n"
+                           + b"Content-Length: %d\r\n\r\n" % len(BODY) + BODY)
+            assert [answer[0] for answer in read_answers(client, 1)] == [status]
+
+
 def test_a_head_that_stops_coming_is_408_and_a_silent_connection_is_closed(served):
     app, port = served
     with socket.create_connection(("127.0.0.1", port), timeout=30) as partial:

@@ -59,7 +59,8 @@ class HeadGuard(_Timed):
 
         Only a read that carried nothing but the same head counts: one in which a head began may
         also hold the requests before it (pipelined, with their bodies), so a head is counted from
-        the read after its first, and may pass the limit by one read before it is refused."""
+        the read after its first, and may pass the limit by one read before it is refused. This
+        cuts off a head that never ends; one that ends is counted exactly (http_protocol.py)."""
         if self._timer is None or self.heads != heads_before:
             return False
         self.received += size

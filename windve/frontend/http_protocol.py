@@ -177,12 +177,24 @@ class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._head.done()
         self._body.progress()  # until on_message_complete: a request without a body ends at once
-        if self.parser.should_upgrade() and self._upgrade_refused():
+        if self._head_too_large() or (self.parser.should_upgrade() and self._upgrade_refused()):
             return
         if not (self._health_early() or self._refuse_early()):
             super().on_headers_complete()
             if self._shutting_down and self.cycle is not None:
                 self.cycle.keep_alive = False
+
+    def _head_too_large(self) -> bool:
+        """A head over MAX_HEAD_BYTES that came whole: 431. HeadGuard counts reads from the one
+        after a head's first, so that a head that never ends is cut off; one that came in a read
+        or two passed it by up to a read (256 KiB). Counted as sent: the target, and each header's
+        name, value, ': ' and CRLF."""
+        size = len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers)
+        if size <= MAX_HEAD_BYTES:
+            return False
+        message = f"the request's line and headers exceed {MAX_HEAD_BYTES} bytes"
+        self._refused = (*_rendered(431, message, MALFORMED, None, _path(self.url)), False, False)
+        return True
 
     def _upgrade_refused(self) -> bool:
         """A request asking to upgrade: its body, which the parser will skip, is passed by hand
