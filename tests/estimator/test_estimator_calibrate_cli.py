@@ -380,14 +380,16 @@ def test_a_server_that_does_not_start_exits_1_with_its_output(monkeypatch, tmp_p
     assert not (tmp_path / "c.json").exists()
 
 
-def test_a_sigterm_whose_cancellation_is_swallowed_still_stops_the_work() -> None:
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_whose_cancellation_is_swallowed_still_stops_the_work(signum: int) -> None:
     """A cancellation that met the health check's HTTP request as it was answered was lost, and the
-    profile ran on to its end after the SIGTERM (a loaded machine, one try in six). The work is
-    cancelled again until it ends."""
+    profile ran on to its end after the SIGTERM (a loaded machine, one try in six); Ctrl-C, which
+    asyncio.run cancels once, was lost so in the suite beside a CPU hog, and calibrate exited 0.
+    The work is cancelled again until it ends."""
     swallowed: list[bool] = []
 
     async def work() -> None:
-        asyncio.get_running_loop().call_soon(os.kill, os.getpid(), signal.SIGTERM)
+        asyncio.get_running_loop().call_soon(os.kill, os.getpid(), signum)
         try:
             await asyncio.sleep(60)
         except asyncio.CancelledError:
@@ -395,6 +397,8 @@ def test_a_sigterm_whose_cancellation_is_swallowed_still_stops_the_work() -> Non
         await asyncio.sleep(60)  # the profile going on
 
     started = time.monotonic()
-    with pytest.raises(asyncio.CancelledError):
+    with pytest.raises(calibrate.Stopped) as stopped:
         asyncio.run(calibrate._until_terminated(work()))
+    assert stopped.value.signum == signum
     assert swallowed == [True] and time.monotonic() - started < 30
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Ctrl-C is Python's again

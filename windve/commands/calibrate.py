@@ -253,10 +253,11 @@ def run(args: argparse.Namespace) -> int:
     bar = _ProgressBar()
     try:
         calibration = asyncio.run(_until_terminated(_calibrate(args, settings, spec, options, bar.hook)))
-    except asyncio.CancelledError:
-        print(f"{PROG}: stopped by SIGTERM; the services it started are stopped", file=sys.stderr)
-        return 128 + signal.SIGTERM
-    except KeyboardInterrupt:  # asyncio.run's own Ctrl-C: the work was cancelled, its servers stopped
+    except Stopped as stopped:
+        said = "interrupted" if stopped.signum == signal.SIGINT else "stopped by SIGTERM"
+        print(f"{PROG}: {said}; the services it started are stopped", file=sys.stderr)
+        return 128 + stopped.signum
+    except KeyboardInterrupt:  # Ctrl-C before the work began: asyncio.run's own handler
         print(f"{PROG}: interrupted; the services it started are stopped", file=sys.stderr)
         return 128 + signal.SIGINT
     except (UsageError, PlanError) as error:  # a plan that cannot work is a setting to change, as in serve
@@ -275,33 +276,53 @@ def run(args: argparse.Namespace) -> int:
 RECANCEL_SECONDS = 2.0  # between cancellations of a calibration that a SIGTERM has not ended yet
 
 
+class Stopped(Exception):
+    """SIGTERM or SIGINT (Ctrl-C) stopped the calibration; its servers are stopped."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
 async def _until_terminated(work: Awaitable[Calibration]) -> Calibration:
-    """`work`, cancelled by SIGTERM as Ctrl-C cancels it (CancelledError): the `windve serve` it
-    started for a pool is stopped on the way out, not left running without its parent (a Job's
-    pod deleted, a `kill`).
+    """`work`, cancelled by SIGTERM or Ctrl-C (raising Stopped): the `windve serve` it started for a
+    pool is stopped on the way out, not left running without its parent (a Job's pod deleted, a
+    `kill`).
 
     A cancellation can be lost on its way: one that met the health check's HTTP request just as it
-    was answered was swallowed, and the whole profile then ran on after the SIGTERM (a loaded
-    machine, once in six tries). So the work is cancelled again every RECANCEL_SECONDS until it
-    ends; the servers' stop finishes whatever cancels it (estimator.local_server)."""
+    was answered was swallowed, and the whole profile then ran on after the signal (a loaded
+    machine, once in six tries; for Ctrl-C, which asyncio.run cancels once, in the suite beside a
+    CPU hog). So the work is cancelled again every RECANCEL_SECONDS until it ends; the servers'
+    stop finishes whatever cancels it (estimator.local_server)."""
+    loop = asyncio.get_running_loop()
     task = asyncio.ensure_future(work)
-    terminated = asyncio.Event()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, terminated.set)
-    signalled = asyncio.ensure_future(terminated.wait())
-    try:
-        await asyncio.wait({task, signalled}, return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:  # Ctrl-C: the work goes with it
-        task.cancel()
-        raise
-    finally:
-        signalled.cancel()
-    if not terminated.is_set():
-        return task.result()
-    while not task.done():
-        task.cancel()
-        await asyncio.wait({task}, timeout=RECANCEL_SECONDS)
-    raise asyncio.CancelledError
+    received: list[int] = []
+    stop = asyncio.Event()
 
+    def on_signal(signum: int) -> None:
+        received.append(signum)
+        stop.set()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, on_signal, signum)
+    signalled = asyncio.ensure_future(stop.wait())
+    try:
+        try:
+            await asyncio.wait({task, signalled}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:  # cancelled from outside: the work goes with it
+            task.cancel()
+            raise
+        finally:
+            signalled.cancel()
+        if not stop.is_set():
+            return task.result()
+        while not task.done():
+            task.cancel()
+            await asyncio.wait({task}, timeout=RECANCEL_SECONDS)
+        raise Stopped(received[0])
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
 
 
 def _fail(error: Exception, code: int) -> int:
