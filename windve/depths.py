@@ -143,13 +143,13 @@ async def probe_rounds(
     beta = min([(await closed_loop(1, 1))[0] for _ in range(3)])
     clients = STEADY_BATCHES * batch
     tail, steady = await _steady_tail(closed_loop, clients)
-    first = _depth_through(beta, clients, tail, slo)
+    first = _depth_on(_line_through(beta, clients, tail), slo)
     settled_clients, settled_tail = clients, tail
     if first.depth is not None and abs(first.depth - clients) > SAME_LEVEL * clients:
         settled_clients = min(first.depth, SETTLED_REACH * clients)
         settled_tail, _ = await _steady_tail(closed_loop, settled_clients)
-    decision = _depth_through(beta, settled_clients, settled_tail, slo)
-    alpha = _slope(beta, settled_clients, settled_tail)
+    line = _line_through(beta, settled_clients, settled_tail)
+    decision = _depth_on(line, slo)
     # Even a pool too slow for the SLO serves one query at a time: refusing everything at
     # start, on a few rounds of evidence, would be worse than a late answer.
     return DepthSource(
@@ -157,7 +157,7 @@ async def probe_rounds(
         decision.depth or 1,
         f"warm-up probe ({path})",
         detail={
-            "alpha": alpha,
+            "alpha": line.alpha,
             "beta": beta,
             "query_tokens": query_tokens,
             "batch": batch,
@@ -173,14 +173,13 @@ async def probe_rounds(
     )
 
 
-def _slope(beta: float, clients: int, tail: float) -> float:
-    return max(tail - beta, 0.0) / max(1, clients - 1)
+def _line_through(beta: float, clients: int, tail: float) -> LinearFit:
+    """The line from one query alone (`beta`) to the tail `tail` at `clients`."""
+    return LinearFit(max(tail - beta, 0.0) / max(1, clients - 1), beta, r2=math.nan, points=2)
 
 
-def _depth_through(beta: float, clients: int, tail: float, slo: float) -> DepthDecision:
-    """decide_depth on the line through (1, beta) and (`clients`, `tail`)."""
-    fit = LinearFit(_slope(beta, clients, tail), beta, r2=math.nan, points=2)
-    return decide_depth(fit, slo, headroom=DEFAULT_HEADROOM)
+def _depth_on(line: LinearFit, slo: float) -> DepthDecision:
+    return decide_depth(line, slo, headroom=DEFAULT_HEADROOM)
 
 
 async def probe_depth(

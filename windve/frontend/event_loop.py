@@ -49,9 +49,9 @@ PROBE_PEEK = max(map(len, PROBES))
 # accept() errors that a pause may cure, as asyncio's own accept has them.
 OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 ACCEPT_PAUSE = 1.0  # seconds, asyncio's
+ACCEPT_WARNING_EVERY = 60.0  # seconds
 # struct tcp_info (linux/tcp.h): eight one-byte fields, then u32 rto, ato, snd_mss, rcv_mss, unacked.
 _TCP_LISTEN, _TCPI_UNACKED, _TCP_INFO_BYTES = 10, 24, 28
-ACCEPT_WARNING_EVERY = 60.0  # seconds
 
 log = logging.getLogger(__name__)
 

@@ -192,8 +192,7 @@ class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
         size = len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers)
         if size <= MAX_HEAD_BYTES:
             return False
-        message = f"the request's line and headers exceed {MAX_HEAD_BYTES} bytes"
-        self._refused = (*_rendered(431, message, MALFORMED, None, _path(self.url)), False, False)
+        self._refuse_when_read(431, f"the request's line and headers exceed {MAX_HEAD_BYTES} bytes")
         return True
 
     def _upgrade_refused(self) -> bool:
@@ -203,11 +202,16 @@ class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
             return False  # no body; answered 405, as any method no route serves
         headers = dict(self.headers)
         if b"chunked" in headers.get(b"transfer-encoding", b"").lower():
-            message = "a request asking to upgrade the connection must send its body with Content-Length"
-            self._refused = (*_rendered(400, message, MALFORMED, None, _path(self.url)), False, False)
+            self._refuse_when_read(
+                400, "a request asking to upgrade the connection must send its body with Content-Length"
+            )
             return True
         self._upgrade_body = int(headers.get(b"content-length", b"0"))  # the parser checked it
         return False
+
+    def _refuse_when_read(self, status: int, message: str) -> None:
+        """Answer the request `status` once it is read (on_message_complete), and close."""
+        self._refused = (*_rendered(status, message, MALFORMED, None, _path(self.url)), False, False)
 
     def _health_early(self) -> bool:
         method = self.parser.get_method()
