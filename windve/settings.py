@@ -6,13 +6,18 @@ Sources, highest priority first: CLI flags of `windve serve`, environment variab
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
+
+# An Origin header's value (RFC 6454): scheme, host, optional port; no path, not even "/".
+_ORIGIN = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s?#]+")
 
 
 class SettingsError(ValueError):
@@ -62,6 +67,9 @@ class Settings(BaseSettings):
     max_request_bytes: int = Field(2 * 1024 * 1024, ge=1024)
     max_tokenize_tokens: int = Field(131_072, ge=64)  # tokens one /tokenize request may return
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # Origins whose pages may call the API from a browser (CORS): "*" = any, as TEI, vLLM and
+    # Infinity allow by default; [] = none. Each as a browser sends it: scheme://host[:port].
+    cors_allow_origins: Annotated[list[str], NoDecode] = ["*"]
     # Front-end processes (HTTP, validation, tokenization). None = from the reserved service
     # cores: 1 where one process is fastest (small machines).
     http_workers: int | None = Field(None, ge=1, le=64)
@@ -148,6 +156,30 @@ class Settings(BaseSettings):
             return [value]
         if isinstance(value, str) and value.strip() and not value.lstrip().startswith("["):
             return [piece.strip() for piece in value.split(",")]  # each validated as an int
+        return value
+
+    @field_validator("cors_allow_origins", mode="before")
+    @classmethod
+    def _origins_from_text(cls, value: Any) -> Any:
+        # As written by hand: `*` or `https://a.example,https://b.example`; or a JSON list (`[]`: none).
+        if isinstance(value, str) and value.lstrip().startswith("["):
+            try:
+                return json.loads(value)
+            except json.JSONDecodeError:
+                raise ValueError("not a JSON list of origins") from None
+        if isinstance(value, str):
+            return [piece.strip() for piece in value.split(",") if piece.strip()]
+        return value
+
+    @field_validator("cors_allow_origins")
+    @classmethod
+    def _origins_as_sent(cls, value: list[str]) -> list[str]:
+        for origin in value:
+            if origin != "*" and not _ORIGIN.fullmatch(origin):
+                raise ValueError(
+                    f"{origin!r} is not an origin: write it as a browser sends it, scheme://host[:port] "
+                    "with no path or trailing slash (or * for any)"
+                )
         return value
 
     @field_validator("log_level", mode="before")

@@ -223,3 +223,21 @@ def test_the_asgi_gates_shutting_down_answer_closes_too():
     for path in ("/embed", "/v1/embeddings"):
         assert error.response_for(path).headers["connection"] == "close"
     assert "connection" not in refusal(Busy(retry_after=1.0)).response_for("/embed").headers
+
+
+def test_a_refusal_made_here_carries_the_cors_headers_of_its_own_request(served):
+    # A browser script reads no answer without them, a 429 included; each pipelined request gets
+    # those of its own Origin.
+    app, port = served
+    app.state.settings.cors_allow_origins = ["https://app.example"]
+    allowed = post("/embed", BODY).replace(b"Host: t\r\n", b"Host: t\r\nOrigin: https://app.example\r\n")
+    other = post("/embed", BODY).replace(b"Host: t\r\n", b"Host: t\r\nOrigin: https://other.example\r\n")
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(allowed + other + post("/embed", BODY))
+        answers = read_answers(sock, 3)
+    assert [status for status, _, _ in answers] == [429, 429, 429]
+    first, second, third = (headers for _, headers, _ in answers)
+    assert first["access-control-allow-origin"] == "https://app.example" and first["vary"] == "origin"
+    assert first["access-control-expose-headers"] == "retry-after"
+    assert "access-control-allow-origin" not in second and "access-control-allow-origin" not in third
+    assert app.seen == []

@@ -55,6 +55,8 @@ def test_config_schema_choices_match_the_settings() -> None:
         # Each of these had passed the schema and stopped the pods at start (CrashLoopBackOff).
         ({"config": {"reserved_cores": "a-b"}}, "/config/reserved_cores"),
         ({"config": {"matryoshka_dims": "128;256"}}, "/config/matryoshka_dims"),
+        ({"config": {"cors_allow_origins": "https://app.example/"}}, "/config/cors_allow_origins"),
+        ({"config": {"cors_allow_origins": ["app.example"]}}, "/config/cors_allow_origins"),
         ({"redis": {"maxmemory": "lots"}}, "/redis/maxmemory"),
     ],
 )

@@ -10,6 +10,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Match
 
+from windve.frontend.cors import policy_of
 from windve.frontend.errors import INTERNAL, MALFORMED, METHOD_NOT_ALLOWED, NOT_FOUND, VALIDATION, ApiError
 from windve.frontend.routes import MODEL_PATHS, model_by_id
 
@@ -33,9 +34,9 @@ async def _http_error(request: Request, exc: HTTPException) -> Response:
         if method == "GET":
             # An id no route pattern matches (one with a newline, say) is still an unknown model.
             return await model_by_id(request, model_id)
-        return _not_allowed(method, path, {"GET"})
+        return _not_allowed(method, path, {"GET"}, request)
     if exc.status_code == 405:
-        return _not_allowed(method, path, _allowed_methods(request))
+        return _not_allowed(method, path, _allowed_methods(request), request)
     return ApiError(exc.status_code, str(exc.detail), MALFORMED, headers=exc.headers).response_for(path)
 
 
@@ -44,10 +45,15 @@ def _path(request: Request) -> str:
     return request.scope["path"]
 
 
-def _not_allowed(method: str, path: str, allowed: set[str]) -> Response:
+def _not_allowed(method: str, path: str, allowed: set[str], request: Request) -> Response:
     allow = ", ".join(sorted(allowed | {"OPTIONS"}))
     if method == "OPTIONS":
-        return Response(status_code=204, headers={"Allow": allow})
+        response = Response(status_code=204, headers={"Allow": allow})
+        # A browser's preflight; the answer's Access-Control-Allow-Origin is added with every answer's.
+        policy = policy_of(request.app.state.settings)
+        if policy is not None:
+            response.raw_headers.extend(policy.preflight_headers(request.scope["headers"], allowed))
+        return response
     message = f"{method} is not allowed on {path}; allowed: {allow}"
     return ApiError(405, message, METHOD_NOT_ALLOWED, headers={"Allow": allow}).response_for(path)
 

@@ -38,6 +38,7 @@ from starlette.responses import Response
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from windve.frontend.arrival_stamps import stamp_arrivals
+from windve.frontend.cors import policy_of
 from windve.frontend.errors import MALFORMED, TOO_LARGE, ApiError, json_response
 from windve.frontend.gate import OverloadGate
 from windve.frontend.head_limits import BODY_IDLE_SECONDS, HEAD_SECONDS, MAX_HEAD_BYTES, BodyTimer, HeadGuard
@@ -61,6 +62,7 @@ class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
     _watched: int | None = None  # this connection's key for the loop's arrival stamps (event_loop.py)
     # Bytes of the body of a request that asked to upgrade, still to come past the parser (_ignore_upgrade).
     _upgrade_body = 0
+    _cors: list[tuple[bytes, bytes]] = []  # the CORS headers of the answer to the request being read (cors.py)
 
     def shutdown(self) -> None:
         """The server's graceful shutdown: uvicorn closes an idle keep-alive connection at once, and a
@@ -177,12 +179,19 @@ class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._head.done()
         self._body.progress()  # until on_message_complete: a request without a body ends at once
+        gate = _gate_of(self.app)
+        policy = None if gate is None else policy_of(gate.state.settings)
+        self._cors = [] if policy is None else policy.answer_headers(self.headers)
         if self._head_too_large() or (self.parser.should_upgrade() and self._upgrade_refused()):
             return
         if not (self._health_early() or self._refuse_early()):
             super().on_headers_complete()
-            if self._shutting_down and self.cycle is not None:
-                self.cycle.keep_alive = False
+            cycle = self.cycle
+            if cycle is not None and cycle.scope is self.scope:  # this request's
+                if self._shutting_down:
+                    cycle.keep_alive = False
+                if self._cors:  # sent with whatever the app answers, an error or a refusal too
+                    cycle.default_headers = [*cycle.default_headers, *self._cors]
 
     def _head_too_large(self) -> bool:
         """A head over MAX_HEAD_BYTES that came whole: 431. HeadGuard counts reads from the one
@@ -376,7 +385,9 @@ class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
 
     def _write(self, head: bytes, body: bytes, keep_alive: bool) -> None:
         """An answer built here: its status line and own headers, the server's, then the body."""
-        defaults = b"".join(name + b": " + value + b"\r\n" for name, value in self.server_state.default_headers)
+        # A browser reads no answer, a 429 or a 400 among them, without its CORS headers.
+        own = [*self.server_state.default_headers, *self._cors]
+        defaults = b"".join(name + b": " + value + b"\r\n" for name, value in own)
         closing = b"" if keep_alive else b"connection: close\r\n"
         self.transport.write(head + defaults + closing + b"\r\n" + body)
         if not keep_alive:
