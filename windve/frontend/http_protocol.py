@@ -26,10 +26,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import functools
 import math
 import socket
+import struct
 import sys
+import termios
 import time
 from http import HTTPStatus
 
@@ -41,7 +44,14 @@ from windve.frontend.arrival_stamps import stamp_arrivals
 from windve.frontend.cors import policy_of
 from windve.frontend.errors import MALFORMED, TOO_LARGE, ApiError, json_response
 from windve.frontend.gate import OverloadGate
-from windve.frontend.head_limits import BODY_IDLE_SECONDS, HEAD_SECONDS, MAX_HEAD_BYTES, BodyTimer, HeadGuard
+from windve.frontend.head_limits import (
+    BODY_IDLE_SECONDS,
+    HEAD_SECONDS,
+    MAX_HEAD_BYTES,
+    BodyTimer,
+    HeadGuard,
+    SendTimer,
+)
 from windve.frontend.pipeline import ARRIVED, BUSY_ANSWERED, LANE_WAIT, release_pass
 from windve.frontend.routes import HEALTH_PATHS, health_answer
 from windve.frontend.slow_lane import PATIENCE, peer_closed, waiting_since
@@ -83,6 +93,7 @@ class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
         self._head = HeadGuard(self.loop, self._head_timed_out)
         self._head.begin()
         self._body = BodyTimer(self.loop, self._body_timed_out)
+        self._send = SendTimer(self.loop, self._send_timed_out, functools.partial(_unsent, transport))
         if getattr(self.server_state, "draining", False):  # accepted while the server drains (server.py)
             self._shutting_down = True
         stamp_arrivals(transport)
@@ -103,6 +114,7 @@ class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._head.done()
         self._body.done()
+        self._send.done()
         if (unwatch := getattr(self.loop, "unwatch_arrivals", None)) is not None:
             unwatch(self._watched)
             self._watched = None
@@ -374,6 +386,19 @@ class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
         else:
             self._refuse_head(408, f"the request's body stopped arriving: nothing of it for {BODY_IDLE_SECONDS:g} s")
 
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self._send.paused()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._send.done()
+
+    def _send_timed_out(self) -> None:
+        """The client took nothing of its answers for SEND_IDLE_SECONDS: drop them and the
+        connection (a close would wait for them to be taken)."""
+        self.transport.abort()
+
     def _refuse_head(self, status: int, message: str) -> None:
         response = ApiError(status, message, MALFORMED).response_for(_path(getattr(self, "url", b"") or b"/"))
         self._write(_status_and_headers(response), response.body, keep_alive=False)
@@ -433,6 +458,18 @@ def _gate_of(app) -> OverloadGate | None:
 def _path(url: bytes) -> str:
     """The path of the request line's target, as far as the parser read it."""
     return url.split(b"?", 1)[0].decode("latin-1")
+
+
+def _unsent(transport) -> int:
+    """Bytes written to `transport` that its client has not yet acknowledged: those the transport
+    holds and those in the socket's send queue (SIOCOUTQ), which shrinks as the client reads, while
+    the transport's own buffer moves only when the kernel's has room for a third of its size."""
+    size = transport.get_write_buffer_size()
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            size += struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0]
+    return size
 
 
 def _no_delay(transport) -> None:
