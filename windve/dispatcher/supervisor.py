@@ -37,6 +37,7 @@ from windve.dispatcher.server import DispatcherServer
 from windve.gc_tuning import tune_gc_for_serving
 from windve.heartbeat import HeartbeatBoard
 from windve.listeners import STARTUP_FAILURE, cannot_listen, open_listeners
+from windve.malloc_tuning import return_large_buffers
 from windve.probe import loopback
 from windve.service import Runtime, load_spec
 from windve.settings import Settings
@@ -157,6 +158,7 @@ class Supervisor:
             self._begin_stop()
             return
         tune_gc_for_serving()  # as a front end does once it serves
+        return_large_buffers()  # a large request's vectors pass through here too
         log.info("dispatcher ready: pools %s", ", ".join(self.runtime.pool_names))
 
     async def _front_ends_serve(self, server: DispatcherServer) -> None:

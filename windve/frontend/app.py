@@ -21,6 +21,7 @@ from windve.frontend.routes import router
 from windve.frontend.tokenize_limits import BUDGET_REQUESTS, TokenBudget
 from windve.gc_tuning import tune_gc_for_serving
 from windve.heartbeat import LoopBeat
+from windve.malloc_tuning import return_large_buffers
 from windve.probe import Listening
 from windve.settings import Settings
 
@@ -93,6 +94,7 @@ async def _start(
         app.state.ready_since = int(time.time())
         app.state.pipeline = EmbeddingPipeline(runtime, cache=create_cache(settings))
         tune_gc_for_serving()
+        return_large_buffers()
         # After the engines started: their processes were spawned by threads that keep their priority.
         lower_this_thread(loop_niceness(settings.frontend_nice))
         # The front end serves now (/health says so once the dispatcher is ready): the warm-up

@@ -1,0 +1,31 @@
+"""The C allocator's settings for a serving process: large buffers go back to the system when freed.
+
+glibc serves an allocation over its mmap threshold (128 KiB at start) from a mapping of its own,
+returned on free, but raises the threshold to the size of each such block freed, up to 32 MiB.
+After the first large answer, answers of up to that size come from the heap, where a freed one
+can be reused but seldom returned. Where large answers outlive the requests around them (clients
+that time out or stop reading while theirs is written), the front end grew by the answers' size
+with every wave and never came back: 30 clients that reset their connections before reading a
+9.6 MB answer, five times over, took it from 653 to 1,319 MiB; with the threshold held at 1 MiB
+it stayed at 421-427 MiB (bench/SERVED.md). Answers below it, as nearly all are, stay on the heap.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import platform
+
+M_MMAP_THRESHOLD = -3  # <malloc.h>
+LARGE_BUFFER = 1 << 20  # bytes from which an allocation is mapped on its own, and unmapped when freed
+
+
+def return_large_buffers() -> bool:
+    """Hold glibc's mmap threshold at LARGE_BUFFER (which also stops it from moving); whether it
+    was set (False where the C library is not glibc)."""
+    if platform.libc_ver()[0] != "glibc":
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(M_MMAP_THRESHOLD, LARGE_BUFFER))
