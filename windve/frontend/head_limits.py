@@ -112,13 +112,13 @@ class BodyTimer(_Timed):
 
 class SendTimer(_Timed):
     """One connection's answers waiting to be taken by its client: `on_timeout` is called once
-    SEND_IDLE_SECONDS pass in which the write buffer did not shrink. Armed only while writing is
+    SEND_IDLE_SECONDS pass in which what is unsent did not shrink. Armed only while writing is
     paused (the transport holds more than its high-water mark), so a client that reads costs a
     timer per pause, not per write."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, on_timeout: Callable[[], None], buffered: Callable[[], int]):
         super().__init__(loop, on_timeout)
-        self._buffered = buffered  # bytes the transport holds, not yet in the socket
+        self._buffered = buffered  # bytes written and not yet taken by the client
         self._left = 0
 
     def paused(self) -> None:

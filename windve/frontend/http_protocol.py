@@ -177,6 +177,7 @@ class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
         # connection was closed under its handler 5 s on.
         self._unset_keepalive_if_required()
         self._head.begin()
+        self._cors = []  # until its headers are in: an error answered before then is no browser's to read
         # When its bytes arrived, where the loop is the front end's (event_loop.py): this request
         # may have waited for the select and behind the step's other sockets, which the parse
         # time would leave out.
