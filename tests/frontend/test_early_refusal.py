@@ -241,3 +241,18 @@ def test_a_refusal_made_here_carries_the_cors_headers_of_its_own_request(served)
     assert first["access-control-expose-headers"] == "retry-after"
     assert "access-control-allow-origin" not in second and "access-control-allow-origin" not in third
     assert app.seen == []
+
+
+def test_an_error_after_an_answered_request_carries_none_of_its_cors_headers(served):
+    # The next request on the connection is not the browser's call that was allowed.
+    app, port = served
+    app.dispatcher.full = None
+    app.state.settings.cors_allow_origins = ["*"]
+    allowed = post("/embed", BODY).replace(b"Host: t\r\n", b"Host: t\r\nOrigin: https://app.example\r\n")
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(allowed)
+        ((status, headers, _),) = read_answers(sock, 1)
+        assert status == 200 and headers["access-control-allow-origin"] == "*"
+        sock.sendall(b"NOT-A-METHOD / HTTP/1.1\r\nHost: t\r\n\r\n")
+        ((status, headers, _),) = read_answers(sock, 1)
+    assert status == 400 and "access-control-allow-origin" not in headers
