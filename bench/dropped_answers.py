@@ -19,10 +19,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import socket
 import struct
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -30,25 +28,10 @@ from pathlib import Path
 import httpx
 import psutil
 
-WINDVE = str(Path(sys.executable).with_name("windve"))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 
-
-def start(port: int, log: Path) -> subprocess.Popen:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    server = subprocess.Popen([WINDVE, "serve", "--port", str(port)], stdout=log.open("w"), stderr=subprocess.STDOUT,
-                              env=env)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
-                return server
-        except httpx.HTTPError:
-            pass
-        if server.poll() is not None:
-            break
-        time.sleep(0.5)  # polling the server's readiness, bounded by the deadline
-    server.kill()
-    raise SystemExit(f"the server did not start; see {log}")
+from bench.served import start, stop  # noqa: E402
 
 
 def resident_mib(process: psutil.Process) -> dict[str, int]:
@@ -73,7 +56,8 @@ def main() -> None:
     body = json.dumps({"inputs": [f"text number {i % 64}" for i in range(2048)]}).encode()
     head = (f"POST /embed HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\n\r\n").encode()
-    server = start(args.port, Path(f"/tmp/windve-dropped-{args.port}.log"))
+    command = [sys.executable, "-m", "windve.commands.serve", "--host", "127.0.0.1", "--port", str(args.port)]
+    server = start(command, args.port, "/health", {"HF_HUB_OFFLINE": "1"}, "windve-dropped")
     try:
         process = psutil.Process(server.pid)
         answer = httpx.post(f"http://127.0.0.1:{args.port}/embed", content=body, timeout=300)
@@ -101,8 +85,7 @@ def main() -> None:
         for client in held:
             client.close()
     finally:
-        server.terminate()
-        server.wait(120)
+        stop(server)
 
 
 if __name__ == "__main__":
