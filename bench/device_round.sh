@@ -5,17 +5,21 @@
 #
 #   bash bench/device_round.sh LARGE_MODEL_DIR SMALL_MODEL_DIR [OUT_DIR]
 #
-# Steps (STEPS, comma-separated, default all three; each bounded by `timeout`, so that one that
-# hangs leaves the others' figures):
+# Steps (STEPS, comma-separated, default large,small,calibrate; each bounded by `timeout`, so
+# that one that hangs leaves the others' figures):
 #   large      the large encoder (bge-large's shape): the engine's in-process ceiling at batch
 #              32/128/512, served 200s/s and p99, the overload levels, and the accelerator pool's
 #              rate with the CPU pool idle, full and saturated (bench/served.py, ~220 s on an H200);
 #   small      the small encoder (MiniLM's shape): ceiling and served rate (~90 s);
 #   calibrate  `windve calibrate` of the accelerator pool over HTTP against a stress test on the
-#              same path, at a 0.25 s SLO (~170 s).
+#              same path, at a 0.25 s SLO (~170 s);
+#   compile    not in the default round: torch.compile (default and reduce-overhead, CUDA
+#              graphs) against eager for both encoders at batch 8/32/128/512 (bench/compile.py);
+#              run it alone (STEPS=compile) in a second command.
 # Environment, defaults are the GPU run's: PYTHON (python3), CLIENTS (1024,4096), FACTORS
-# (1,1.5,2,10), LEVEL_SECONDS (8), CAL_SLO (0.25), CAL_STEP (16), POOLS (accelerator), and
-# ROUND_SECONDS (520): the whole round's bound. The steps' own bounds add up to 690 s; each is
+# (1,1.5,2,10), LEVEL_SECONDS (8), CAL_SLO (0.25), CAL_STEP (16), POOLS (accelerator), DEVICE
+# (cuda:0, for compile) and ROUND_SECONDS (520): the whole round's bound. The default steps' own
+# bounds add up to 690 s; each is
 # cut to what is left of the round, and a step with under 30 s left is skipped, so that the
 # round (with the device's set-up before it) ends inside one 600 s command and returns its logs.
 # Logs and JSON go to OUT_DIR (default: $OUT, else ./device-round).
@@ -66,5 +70,9 @@ EOF
     [[ $steps == *,calibrate,* ]] && step calibrate 240 env WINDVE_MODEL="$large" "$python" -m windve.cli \
         calibrate --pools "${POOLS:-accelerator}" --slo "${CAL_SLO:-0.25}" --stress-test \
         --step "${CAL_STEP:-16}" --out "$out/calibration.json"
+    for model in "$large" "$small"; do
+        [[ $steps == *,compile,* ]] && step "compile-$(basename "$model")" 240 "$python" bench/compile.py \
+            --model "$model" --device "${DEVICE:-cuda:0}" --modes default,reduce-overhead --batches 8,32,128,512
+    done
     true
 } 2>&1 | tee "$out/round.log"
