@@ -35,6 +35,7 @@ from tests.servers import (
     wait_for,
     write_plan_config,
 )
+from windve.dispatcher.workdir import remove_stale_workdirs
 
 ACC_DEPTH, CPU_DEPTH = 3, 3
 
@@ -67,7 +68,7 @@ def _embed(url: str, texts: list[str]) -> httpx.Response | Exception:
         return error
 
 
-def _two_front_ends(folder, *extra: str, **settings) -> ServerProcess:
+def _two_front_ends(folder, *extra: str, env: dict[str, str] | None = None, **settings) -> ServerProcess:
     config = write_plan_config(
         folder,
         [{"pool": "accelerator", "device": "cpu", "cores": [0]}, {"pool": "cpu", "device": "cpu", "cores": [1]}],
@@ -78,7 +79,7 @@ def _two_front_ends(folder, *extra: str, **settings) -> ServerProcess:
         dtype="fp32",
         **settings,
     )
-    return start_server(folder, "--config", config, "--cache-size", "0", "--http-workers", "2", *extra)
+    return start_server(folder, "--config", config, "--cache-size", "0", "--http-workers", "2", *extra, env=env)
 
 
 @pytest.fixture(scope="module")
@@ -345,9 +346,14 @@ def test_sigterm_drains_every_process(tmp_path):
 
 def test_front_ends_end_with_a_dispatcher_killed_and_free_the_port(tmp_path):
     """SIGKILL leaves the dispatcher no time to stop them: the kernel tells each front end, and the
-    port is free for the next `windve serve`, not held by front ends answering 503 for ever."""
-    server = _two_front_ends(tmp_path)
+    port is free for the next `windve serve`, not held by front ends answering 503 for ever; the
+    folder it shared with them is left, and the next service's start removes it."""
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    server = _two_front_ends(tmp_path, env={"TMPDIR": str(temporary)})
     children = _info(server)["dispatcher"]["front_ends"] + engine_pids(server.url)
+    [shared] = temporary.glob("windve-*")
+    assert remove_stale_workdirs(str(temporary)) == []  # in use
     server.process.send_signal(signal.SIGKILL)
     server.process.wait(30)
     deadline = time.monotonic() + 60
@@ -355,6 +361,7 @@ def test_front_ends_end_with_a_dispatcher_killed_and_free_the_port(tmp_path):
         time.sleep(0.1)  # bounded poll for the orphans' exits
     assert not [pid for pid in children if _alive(pid)], server.log()
     socket.create_server(("127.0.0.1", server.port)).close()  # a plain bind: nothing listens there now
+    assert remove_stale_workdirs(str(temporary)) == [shared]
 
 
 @pytest.mark.parametrize("workers", [1, 2])

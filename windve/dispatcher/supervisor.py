@@ -23,17 +23,16 @@ import contextlib
 import json
 import logging
 import os
-import shutil
 import signal
 import socket
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from windve.dispatcher import messages
 from windve.dispatcher.board import StateBoard
 from windve.dispatcher.server import DispatcherServer
+from windve.dispatcher.workdir import Workdir, remove_stale_workdirs
 from windve.gc_tuning import tune_gc_for_serving
 from windve.heartbeat import HeartbeatBoard
 from windve.listeners import STARTUP_FAILURE, cannot_listen, open_listeners
@@ -91,7 +90,8 @@ class Supervisor:
         except OSError as error:  # the port in use, a host that is not this machine's: as uvicorn says it
             return cannot_listen(self.settings.host, self.settings.port, error)
         try:
-            workdir = Path(tempfile.mkdtemp(prefix="windve-"))
+            remove_stale_workdirs()
+            shared = Workdir()
         except OSError as error:  # a read-only root with no writable /tmp: say what must be writable
             for listener in listeners:
                 listener.close()
@@ -101,6 +101,7 @@ class Supervisor:
                 file=sys.stderr,
             )
             return STARTUP_FAILURE
+        workdir = shared.path
         # The engines are planned over the CPUs this process had before it moved onto the service
         # cores: planned after the move, every engine would be squeezed onto those few cores.
         allowed_cpus = frozenset(os.sched_getaffinity(0))
@@ -135,7 +136,7 @@ class Supervisor:
             await self.runtime.close()
         await server.close()
         board.close()
-        shutil.rmtree(workdir, ignore_errors=True)
+        shared.remove()
         if self.failed:
             print(f"windve serve: could not start: {self.failed}", file=sys.stderr)
             return 1
