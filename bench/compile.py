@@ -53,7 +53,9 @@ def seconds_of(run) -> float:
     return time.perf_counter() - started
 
 
-def compare(eager: TorchEngine, compiled: TorchEngine, batch: np.ndarray, rounds: int) -> tuple[float, float, float]:
+def compare(
+    eager: TorchEngine, compiled: TorchEngine, batch: tuple[np.ndarray, np.ndarray], rounds: int
+) -> tuple[float, float, float]:
     """(eager q/s, compiled q/s, largest cosine distance) at one batch, alternating the two."""
     ids, mask = batch
     reference, candidate = eager.embed(ids, mask), compiled.embed(ids, mask)  # warm both

@@ -70,9 +70,11 @@ EOF
     [[ $steps == *,calibrate,* ]] && step calibrate 240 env WINDVE_MODEL="$large" "$python" -m windve.cli \
         calibrate --pools "${POOLS:-accelerator}" --slo "${CAL_SLO:-0.25}" --stress-test \
         --step "${CAL_STEP:-16}" --out "$out/calibration.json"
-    for model in "$large" "$small"; do
-        [[ $steps == *,compile,* ]] && step "compile-$(basename "$model")" 240 "$python" bench/compile.py \
-            --model "$model" --device "${DEVICE:-cuda:0}" --modes default,reduce-overhead --batches 8,32,128,512
-    done
+    if [[ $steps == *,compile,* ]]; then
+        for model in "$large" "$small"; do
+            step "compile-$(basename "$model")" 240 "$python" bench/compile.py --model "$model" \
+                --device "${DEVICE:-cuda:0}" --modes default,reduce-overhead --batches 8,32,128,512
+        done
+    fi
     true
 } 2>&1 | tee "$out/round.log"
