@@ -7,9 +7,13 @@ had killed engines mid-batch, while the parent drained.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
+import select
 import signal
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -84,3 +88,39 @@ def test_an_engine_outlives_sigint_and_sigterm_and_still_answers(minilm_spec, mi
         assert instance.pids == [pid]  # the same process answered: not a restart
     finally:
         run_async(instance.close())
+
+
+HOLDER = """
+import asyncio, sys
+from windve.engine_process.instance import EngineProcessInstance
+from windve.model import load_model_spec
+
+async def hold():
+    instance = EngineProcessInstance(load_model_spec(), name="orphan", rank_cores=[[0]], numa_nodes=[0], threads=1)
+    await instance.start()
+    print(instance.pids[0], flush=True)
+    await asyncio.to_thread(sys.stdin.read)  # until the test kills this process
+
+asyncio.run(hold())
+"""
+
+
+def test_an_engine_stopped_when_its_parent_is_killed_dies_with_it():
+    """SIGSTOPped, it never reads its socket's EOF: only the kernel's parent-death signal ends it."""
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    engine = None
+    try:
+        engine = int(holder.stdout.readline())
+        engine_exit = os.pidfd_open(engine)
+        os.kill(engine, signal.SIGSTOP)
+        holder.kill()
+        holder.wait(WAIT)
+        readable, _, _ = select.select([engine_exit], [], [], WAIT)
+        os.close(engine_exit)
+        assert readable, f"engine {engine} outlived its killed parent by {WAIT} s"
+    finally:
+        holder.kill()
+        holder.wait(WAIT)
+        if engine is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(engine, signal.SIGKILL)

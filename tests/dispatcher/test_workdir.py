@@ -3,10 +3,15 @@ and the next service to start removes it, never a running service's folder nor o
 
 from __future__ import annotations
 
+import errno
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from windve.dispatcher import workdir
 from windve.dispatcher.workdir import LOCK, PREFIX, Workdir, remove_stale_workdirs
 
 # A service's stand-in: a process that opens a Workdir, says where, and waits to be told to stop
@@ -64,4 +69,28 @@ def test_a_stopping_service_removes_its_own_folder(tmp_path):
     assert folder.path.parent == tmp_path and folder.path.name.startswith(PREFIX)
     assert remove_stale_workdirs(str(tmp_path)) == []  # held by this process
     folder.remove()
+    assert list(tmp_path.iterdir()) == []
+
+
+def refuse_locks(monkeypatch, code: int) -> None:
+    def flock(fd, operation):
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(workdir.fcntl, "flock", flock)
+
+
+def test_on_a_file_system_without_locks_a_service_runs_unlocked_and_its_folder_is_kept(tmp_path, monkeypatch):
+    refuse_locks(monkeypatch, errno.ENOLCK)  # as an NFS mount without a lock manager answers
+    folder = Workdir(str(tmp_path))
+    assert not folder.locked
+    assert list(folder.path.iterdir()) == []  # no lock file: no later start can take it for a dead one's
+    assert remove_stale_workdirs(str(tmp_path)) == []
+    folder.remove()
+    assert not folder.path.exists()
+
+
+def test_any_other_lock_failure_fails_the_start_and_leaves_no_folder(tmp_path, monkeypatch):
+    refuse_locks(monkeypatch, errno.EIO)
+    with pytest.raises(OSError, match="Input/output error"):
+        Workdir(str(tmp_path))
     assert list(tmp_path.iterdir()) == []

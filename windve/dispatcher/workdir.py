@@ -11,11 +11,12 @@ no pid (which the system may have given to another process since) is read.
 The lock file is locked under a temporary name and then renamed to `lock`, so that a folder with a
 `lock` is always one whose owner has held it: a cleaner that found the file before its owner
 locked it would remove a starting service's folder. Folders without a `lock` (made by older
-versions, or still being set up) are left alone.
+versions, still being set up, or on a file system that cannot lock) are left alone.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import os
@@ -27,6 +28,9 @@ log = logging.getLogger(__name__)
 
 PREFIX = "windve-"
 LOCK = "lock"
+# flock's answers on a file system that has no locks (some NFS mounts, FUSE): the service runs
+# without one, as it did before folders were locked, and a kill leaves its folder behind.
+_NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL)
 
 
 class Workdir:
@@ -35,13 +39,29 @@ class Workdir:
     def __init__(self, root: str | None = None) -> None:
         self.path = Path(tempfile.mkdtemp(prefix=PREFIX, dir=root))
         pending = self.path / f".{LOCK}.pending"
-        self._fd = os.open(pending, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
-        os.rename(pending, self.path / LOCK)
+        self._fd: int | None = os.open(pending, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+        except OSError as error:
+            os.close(self._fd)
+            self._fd = None
+            if error.errno not in _NO_LOCKS:
+                shutil.rmtree(self.path, ignore_errors=True)
+                raise
+            os.unlink(pending)
+            log.warning("%s cannot be locked (%s): if this service is killed outright, remove the folder "
+                        "by hand", self.path, os.strerror(error.errno))
+        else:
+            os.rename(pending, self.path / LOCK)
+
+    @property
+    def locked(self) -> bool:
+        return self._fd is not None
 
     def remove(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
-        os.close(self._fd)  # after the removal: until then the folder is in use
+        if self._fd is not None:
+            os.close(self._fd)  # after the removal: until then the folder is in use
 
 
 def remove_stale_workdirs(root: str | None = None) -> list[Path]:

@@ -4,6 +4,11 @@ A socketpair carries the plan and then the messages; the parent's end reports EO
 moment the child dies (the child holds the only other end). A pidfd, where the kernel
 has them, additionally becomes readable on exit, so death is seen even by a wait that
 is not reading that rank's socket.
+
+The child also asks the kernel to SIGKILL it when this process dies (windve/parent_death.py): an
+engine stopped at that moment never reads its socket's EOF. The signal follows the thread that
+started the child, so ranks are started from the instance's executor thread, which lives as long
+as the instance.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ class RankProcess:
         inherited = (child_sock.fileno(),) + (() if plan.heartbeat_fd is None else (plan.heartbeat_fd,))
         try:
             self.popen = subprocess.Popen(
-                [sys.executable, "-m", "windve.engine_process.worker", str(child_sock.fileno())],
+                [sys.executable, "-m", "windve.engine_process.worker", str(child_sock.fileno()), str(os.getpid())],
                 pass_fds=inherited,
                 env=env,
             )

@@ -5,7 +5,7 @@ pinned to the instance's cores (an accelerator's: its feeding cores), so nothing
 HTTP side can hold the interpreter lock that feeds the device. A heartbeat thread stamps
 a shared board so that the dispatcher notices a stopped or stuck process.
 
-Started as `python -m windve.engine_process.worker <fd>`: a fresh interpreter, like multiprocessing's
+Started as `python -m windve.engine_process.worker <fd> <parent pid>`: a fresh interpreter, like multiprocessing's
 spawn, but without spawn's re-import of the parent's __main__ (the service's console
 script would pull torch into the child before it could pin itself). The plan arrives as
 JSON on the socket `fd`; the same socket then carries the binary messages of wire.py.
@@ -45,6 +45,7 @@ from windve.cpu.layout import GroupLayout
 from windve.cpu.numa import bind_memory
 from windve.engine_process.heap import HeapTrimmer
 from windve.model import ModelSpec, pad_token_id
+from windve.parent_death import signal_at_parent_death
 
 if TYPE_CHECKING:
     import numpy as np
@@ -319,6 +320,10 @@ class RankServer:
 
 
 def main(argv: list[str]) -> None:
+    # SIGKILL: an engine ignores SIGTERM (rank_main), and one stopped or stuck when its parent is
+    # killed never reads its socket's EOF.
+    if not signal_at_parent_death(int(argv[2]), signal.SIGKILL):
+        sys.exit(1)
     conn = Connection(int(argv[1]))
     try:
         plan = RankPlan.from_json(conn.recv_bytes())

@@ -13,22 +13,18 @@ that serves and falls silent, and starts another.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import logging
-import os
 import signal
 import sys
 from pathlib import Path
 
 import uvicorn
 
+from windve.parent_death import signal_at_parent_death
 from windve.settings import Settings
 
 log = logging.getLogger("windve.frontend")
-
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
-
 
 def uvicorn_config(app, settings: Settings, drain_seconds: int, **where) -> uvicorn.Config:
     """The one uvicorn set-up of every front end.
@@ -69,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heartbeat-fd", type=int, default=None)
     parser.add_argument("--parent", type=int, default=None, help="the dispatcher's pid: this process ends with it")
     args = parser.parse_args(argv)
-    if args.parent is not None and not _ends_with_parent(args.parent):
+    if args.parent is not None and not signal_at_parent_death(args.parent, signal.SIGTERM):
         return 1
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = Settings(**json.loads(args.settings.read_text()))
@@ -89,18 +85,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     FrontEndServer(uvicorn_config(app, settings, args.drain_seconds, fd=args.fd)).run()
     return 1 if fatal else 0
-
-
-def _ends_with_parent(parent: int) -> bool:
-    """Have the kernel SIGTERM this process when the dispatcher that started it dies, SIGKILLed
-    included: nothing else would stop it, and it would answer 503 on the service's port for ever,
-    so that a new `windve serve` could not listen there. False when the parent is already gone.
-    (The parent starts front ends from its event loop's thread, which lives as long as it does:
-    the signal follows the thread that forked.)"""
-    if sys.platform == "linux":
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    return os.getppid() == parent
 
 
 if __name__ == "__main__":
