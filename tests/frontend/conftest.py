@@ -21,6 +21,7 @@ def matryoshka_server(tmp_path_factory) -> ServerProcess:
         "WINDVE_API_KEY": MATRYOSHKA_KEY,
         "WINDVE_CACHE_SIZE": "0",
         "WINDVE_CORS_ALLOW_ORIGINS": ",".join(MATRYOSHKA_ORIGINS),
+        "WINDVE_CPU_DEPTH": "64",  # a set depth: no warm-up probe, which these tests do not need
     }
     server = start_server(tmp_path_factory.mktemp("matryoshka"), env=env)
     yield server

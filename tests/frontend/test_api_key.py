@@ -17,7 +17,8 @@ AUTH = {"Authorization": b"Bearer " + KEY.encode("utf-8")}  # httpx sends bytes 
 
 @pytest.fixture(scope="module")
 def keyed_server(tmp_path_factory):
-    server = start_server(tmp_path_factory.mktemp("keyed"), env={"WINDVE_API_KEY": KEY, "WINDVE_CACHE_SIZE": "0"})
+    env = {"WINDVE_API_KEY": KEY, "WINDVE_CACHE_SIZE": "0", "WINDVE_CPU_DEPTH": "64"}  # a set depth: no probe
+    server = start_server(tmp_path_factory.mktemp("keyed"), env=env)
     yield server
     server.stop()
 

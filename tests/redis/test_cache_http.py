@@ -12,6 +12,9 @@ import pytest
 
 from tests.servers import metric_sum, start_server
 
+# A set depth: the servers start without the warm-up probe (10-20 s each here), which these tests do
+# not need.
+NO_PROBE = ("--cpu-depth", "64")
 TEXTS = ["cached question one", "cached question two", "a fresh question three"]
 
 
@@ -25,7 +28,7 @@ def dispatched(url: str) -> float:
 
 @pytest.fixture(scope="module")
 def local_cache_server(tmp_path_factory):
-    server = start_server(tmp_path_factory.mktemp("local-cache"))  # defaults: in-process cache on
+    server = start_server(tmp_path_factory.mktemp("local-cache"), *NO_PROBE)  # in-process cache on, by default
     yield server
     server.stop()
 
@@ -69,7 +72,7 @@ def test_cache_control_keeps_a_request_out_of_the_cache(local_cache_server):
 @pytest.fixture
 def redis_pair(redis_server, tmp_path):
     """Two replicas sharing one Redis, as behind a Kubernetes Service."""
-    args = ("--redis-url", redis_server.url, "--redis-timeout-seconds", "0.05")
+    args = ("--redis-url", redis_server.url, "--redis-timeout-seconds", "0.05", *NO_PROBE)
     first = start_server(tmp_path, *args)
     second = start_server(tmp_path, *args)
     yield first, second
@@ -139,7 +142,7 @@ def test_replicas_whose_vectors_differ_share_no_entry(redis_server, model_spec, 
     (cls / "1_Pooling" / "config.json").write_text(
         json.dumps({"word_embedding_dimension": 384, "pooling_mode_cls_token": True, "pooling_mode_mean_tokens": False})
     )
-    shared = ("--redis-url", redis_server.url)
+    shared = ("--redis-url", redis_server.url, *NO_PROBE)
     text = {"inputs": "the same text asked of three replicas"}
     replicas = [("--model", str(mean)), ("--model", str(cls)), ("--model", str(mean), "--dtype", "fp32")]
     answers = []
