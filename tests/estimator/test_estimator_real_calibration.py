@@ -40,10 +40,11 @@ SLO = 1.0
 TOKENS = 75
 CHECK_ROUNDS = 6
 NEEDED, STEADY_CHECKS = 2, 4  # the depth must hold in 2 of at most 4 steady checks
-# An attempt takes ~40 s, ~60 s when the machine runs at half speed; the attempts stop after
-# BUDGET_SECONDS, inside pytest-timeout's 300 s (pyproject.toml).
+# An attempt takes ~40 s, ~60 s when the machine runs at half speed. No attempt starts after
+# BUDGET_SECONDS: a machine that holds its speed decides in the first two or three, and one that
+# does not mostly skipped after a longer budget too (180 s had made this test ~15 % of the suite).
 ATTEMPTS = 12
-BUDGET_SECONDS = 180
+BUDGET_SECONDS = 100
 
 
 @pytest.fixture(scope="module")
