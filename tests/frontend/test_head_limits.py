@@ -107,3 +107,39 @@ def test_heads_within_bounds_and_pipelined_bodies_are_served(served):
         client.sendall(post("/embed", big) + post("/embed", big) + post("/embed", BODY))
         answers = read_answers(client, 3)
     assert [status for status, _, _ in answers] == [200, 200, 200], answers
+
+
+MALFORMED_HEADER = b"POST /embed HTTP/1.1\r\nHost: t\r\nBad Header\r\n\r\n"  # a space in a header name
+
+
+@pytest.mark.parametrize(
+    ("tail", "status"),
+    [
+        (MALFORMED_HEADER, 400),
+        (b"POST /embed HTTP/1.1\r\nHost: t\r\nX-Long: " + b"a" * 70_000 + b"\r\nContent-Length: 0\r\n\r\n", 431),
+        (b"POST /embed HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", 400),  # a bad chunk size
+    ],
+    ids=["malformed head", "head over the limit", "malformed body"],
+)
+def test_requests_pipelined_before_a_refused_one_get_their_answers_first(served, tail, status):
+    """Valid requests, then one the server must refuse and close on, written at once: uvicorn wrote
+    the refusal and closed while the valid ones were still being answered, and their answers were lost."""
+    app, port = served
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as client:
+        client.sendall(post("/embed", BODY) * 2 + tail)
+        answers = read_answers(client, 3)
+        assert client.recv(1) == b""  # closed after the refusal
+    assert [answer[0] for answer in answers] == [200, 200, status], answers
+    assert answers[1][1].get("connection") != "close" and answers[2][1]["connection"] == "close"
+    assert app.seen == ["/embed", "/embed"]  # the refused one never reached the app
+
+
+def test_a_refused_request_alone_is_answered_and_closed_at_once(served):
+    app, port = served
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as client:
+        client.sendall(MALFORMED_HEADER)
+        answers = read_answers(client, 1)
+        assert client.recv(1) == b""
+    assert [answer[0] for answer in answers] == [400], answers
+    assert "malformed HTTP request" in json.loads(answers[0][2])["error"]
+    assert app.seen == []

@@ -38,7 +38,7 @@ from http import HTTPStatus
 
 import httptools
 from starlette.responses import Response
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from windve.frontend.arrival_stamps import stamp_arrivals
 from windve.frontend.cors import policy_of
@@ -73,6 +73,9 @@ class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
     # Bytes of the body of a request that asked to upgrade, still to come past the parser (_ignore_upgrade).
     _upgrade_body = 0
     _cors: list[tuple[bytes, bytes]] = []  # the CORS headers of the answer to the request being read (cors.py)
+    _last_read: RequestResponseCycle | None = None  # the last request read whole: its answer is the last owed
+    # (head, body) of an answer that closes the connection, held until the answers owed before it are sent
+    _last_words: tuple[bytes, bytes] | None = None
 
     def shutdown(self) -> None:
         """The server's graceful shutdown: uvicorn closes an idle keep-alive connection at once, and a
@@ -123,6 +126,8 @@ class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if (beat := getattr(self.loop, "beat", None)) is not None:
             beat.progress()  # the loop reads: slow maybe, not stalled (windve.heartbeat)
+        if self._last_words is not None:
+            return  # past a request that could not be read, nothing can be read reliably
         heads = self._head.heads
         if self._upgrade_body:
             data = self._upgrade_body_part(data)
@@ -283,18 +288,29 @@ class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
         self._body.done()
         if self._refused is None:
             super().on_message_complete()
+            self._last_read = self.cycle
             return
         head, body, keep_alive, refused = self._refused
         self._refused = None
         if self.transport.is_closing():
             return
-        self._write(head, body, keep_alive)
+        if not keep_alive:
+            self._close_with(head, body)
+            if self._last_words is not None:
+                return  # sent after the answers owed before it (on_response_complete)
+        else:
+            self._write(head, body, keep_alive)
         self.on_response_complete()  # uvicorn's own bookkeeping: pipelined requests, keep-alive timer
         if refused and keep_alive:
             self._park()
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
+        if self._last_words is not None and not self._answers_owed() and not self.transport.is_closing():
+            head, body = self._last_words
+            self._last_words = None
+            self._write(head, body, keep_alive=False)
+            return
         # An answer made here (a refusal, /health) is handled by on_message_complete: its request's
         # scope is not the cycle's.
         cycle = self.cycle
@@ -402,12 +418,34 @@ class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
 
     def _refuse_head(self, status: int, message: str) -> None:
         response = ApiError(status, message, MALFORMED).response_for(_path(getattr(self, "url", b"") or b"/"))
-        self._write(_status_and_headers(response), response.body, keep_alive=False)
+        self._close_with(_status_and_headers(response), response.body)
 
     def send_400_response(self, msg: str) -> None:
         # uvicorn calls this while handling the parser's exception, which says what was wrong.
         response = parse_error(sys.exception(), msg).response_for(_path(self.url))
-        self._write(_status_and_headers(response), response.body, keep_alive=False)
+        self._close_with(_status_and_headers(response), response.body)
+
+    def _close_with(self, head: bytes, body: bytes) -> None:
+        """Answer the request being read and close the connection, after the answers still owed to
+        the requests read before it (pipelined): written at once, the close cut them off, and a
+        valid request lost its answer to a malformed one sent behind it."""
+        if not self._answers_owed():
+            self._write(head, body, keep_alive=False)
+            return
+        self._last_words = (head, body)
+        self._head.done()
+        self._body.done()
+        self.flow.pause_reading()
+        # This request, if its head was read, waits in the pipeline: it is not to be run.
+        for entry in list(self.pipeline):
+            if entry[0] is self.cycle and self.cycle is not self._last_read:
+                self.pipeline.remove(entry)
+
+    def _answers_owed(self) -> bool:
+        """Whether a request read whole before the one being read still waits for its answer
+        (answers complete in order: the last one read is the last owed)."""
+        last = self._last_read
+        return last is not None and not last.response_complete
 
     def _write(self, head: bytes, body: bytes, keep_alive: bool) -> None:
         """An answer built here: its status line and own headers, the server's, then the body."""
