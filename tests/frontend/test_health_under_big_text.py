@@ -27,35 +27,46 @@ def _skip_if_loaded(url: str, path: str, when: str) -> None:
         pytest.skip(f"this machine answered an idle {path} in up to {idle:.3f} s {when}: too loaded to time the bound")
 
 
+ATTEMPTS = 3  # a loop the text blocks misses the bound in every one; a neighbour's burst of load, in few
+
+
+def _worst_beside_the_text(url: str, path: str, text: str, truncate: bool) -> tuple[float, httpx.Response]:
+    """The slowest answer to `path` while `text` is embedded (or refused), and the text's answer."""
+    answer: list[httpx.Response] = []
+    body = {"inputs": text, "truncate": truncate}
+    post = threading.Thread(target=lambda: answer.append(httpx.post(url + "/embed", json=body, timeout=120)))
+    post.start()
+    worst = 0.0
+    polls = 0
+    while post.is_alive():
+        worst = max(worst, _seconds(url, path))
+        polls += 1
+    post.join()
+    assert polls >= 3, f"the big request finished before {path} could be timed beside it"
+    return worst, answer[0]
+
+
 @pytest.mark.parametrize(
     ("path", "truncate"), [("/health", True), ("/metrics", True), ("/health", False)]
 )
 def test_a_2_mib_text_does_not_hold_up_health_or_metrics(server, path: str, truncate: bool):
     """Embedded (truncated), or refused as too long, which counts its tokens: counted in one
-    piece, that had held the interpreter lock for seconds."""
-    _skip_if_loaded(server.url, path, "before the text")
+    piece, that had held the interpreter lock for seconds, in every attempt. A miss is measured
+    again: a machine whose load comes in bursts (another test's processes) missed it once."""
     # Short words for the refusal: a token every 3 characters (700 K of them) makes its count long.
     words = "retrieval augmented generation systems " if truncate else "ab "
     text = (words * 700_000)[: 2 * 1024 * 1024 - 256]
-    answer: list[httpx.Response] = []
-    post = threading.Thread(
-        target=lambda: answer.append(
-            httpx.post(server.url + "/embed", json={"inputs": text, "truncate": truncate}, timeout=120)
-        )
-    )
-    post.start()
-    worst = 0.0
-    polls = 0
-    while post.is_alive():
-        worst = max(worst, _seconds(server.url, path))
-        polls += 1
-    post.join()
-    assert polls >= 3, f"the big request finished before {path} could be timed beside it"
-    if worst > HEALTH_BOUND:  # the machine may have become loaded since the check before the text
-        _skip_if_loaded(server.url, path, "after the text")
-    assert worst <= HEALTH_BOUND, f"{path} took {worst:.3f} s while a 2 MiB text was embedded"
-    if truncate:
-        assert answer[0].status_code == 200, answer[0].text
-        assert len(answer[0].json()[0]) == 384
-    else:
-        assert answer[0].status_code == 422 and "has at least" in answer[0].json()["error"], answer[0].text
+    worsts = []
+    for _ in range(ATTEMPTS):
+        _skip_if_loaded(server.url, path, "before the text")
+        worst, answer = _worst_beside_the_text(server.url, path, text, truncate)
+        worsts.append(round(worst, 3))
+        if truncate:
+            assert answer.status_code == 200, answer.text
+            assert len(answer.json()[0]) == 384
+        else:
+            assert answer.status_code == 422 and "has at least" in answer.json()["error"], answer.text
+        if worst <= HEALTH_BOUND:
+            return
+    _skip_if_loaded(server.url, path, "after the text")  # the machine may have become loaded since
+    raise AssertionError(f"{path} took {worsts} s in {ATTEMPTS} attempts while a 2 MiB text was embedded")
