@@ -318,6 +318,11 @@ class DepthController:
         if new == depth:
             self.holding = f"at the bound of its range [{self.floor}, {self.ceiling}]"
             return None
+        if (new > depth) != (cause == ROOM):
+            # A depth set from outside the range (a profile's level, a calibration): the clamp would
+            # move it against what its tail says, up while over the SLO.
+            self.holding = f"outside its range [{self.floor}, {self.ceiling}], and the tail says {why}"
+            return None
         self.holding = None
         self.reason = why
         self.changed_at = now

@@ -82,7 +82,9 @@ class RedisServer:
         ]  # fmt: skip
         self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + READY_TIMEOUT_SECONDS
-        while not answers_ping(self.port):
+        # Ready when this process says so in its log, not when the port answers: another test
+        # process (pytest -n) may have a server on a port this one failed to bind.
+        while not (self._says_ready() and answers_ping(self.port)):
             if self.process.poll() is not None:
                 raise RuntimeError(
                     f"redis-server exited with {self.process.returncode} on port {self.port}:\n{self._log_tail()}"
@@ -91,6 +93,15 @@ class RedisServer:
                 self.kill()
                 raise RuntimeError(f"redis-server did not answer PING within {READY_TIMEOUT_SECONDS} s")
             time.sleep(0.005)  # poll interval of the readiness loop, bounded by the deadline above
+
+    def _says_ready(self) -> bool:
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return False
+        # Only this start's lines: a restart appends to the log of the one before.
+        mine = [line for line in lines if line.startswith(f"{self.process.pid}:")]
+        return any("eady to accept connections" in line for line in mine)  # "Ready to ..." or "... ready to ..."
 
     def stop(self) -> None:
         """Graceful shutdown (SIGTERM)."""

@@ -20,6 +20,8 @@ import uvicorn
 import yaml
 
 START_TIMEOUT = 180.0
+PORT_TRIES = 3
+PORT_IN_USE = 3  # `windve serve`'s exit status when it cannot listen
 
 
 def engine_pids(url: str, pool: str | None = None) -> list[int]:
@@ -96,6 +98,23 @@ def start_server(
 ) -> ServerProcess:
     """`windve serve` with `args`; waits until /health answers 200 (or the process dies).
     `open_files`: the (soft, hard) descriptor limit it starts with."""
+    for attempt in range(PORT_TRIES):
+        server = _launch(workdir, args, env, open_files)
+        if not wait:
+            return server
+        try:
+            wait_healthy(server)
+            return server
+        except RuntimeError:
+            # Exit 3: the port, free when chosen, was taken before the server bound it (another
+            # test process under pytest -n, or a client's outgoing connection).
+            if server.process.returncode != PORT_IN_USE or attempt == PORT_TRIES - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _launch(workdir: Path, args: tuple[str, ...], env: dict[str, str] | None,
+            open_files: tuple[int, int] | None) -> ServerProcess:
     port = free_port()
     log_path = workdir / f"server-{port}.log"
     full_env = os.environ | {"HF_HUB_OFFLINE": "1", "WINDVE_ONNX_CACHE_DIR": str(workdir / "onnx")} | (env or {})
@@ -103,10 +122,7 @@ def start_server(
     with log_path.open("wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=full_env, cwd=workdir,
                                    preexec_fn=None if open_files is None else _limit_open_files(open_files))
-    server = ServerProcess(f"http://127.0.0.1:{port}", port, process, log_path)
-    if wait:
-        wait_healthy(server)
-    return server
+    return ServerProcess(f"http://127.0.0.1:{port}", port, process, log_path)
 
 
 def _limit_open_files(limits: tuple[int, int]) -> Callable[[], None]:
@@ -151,14 +167,17 @@ def write_plan_config(folder: Path, plan: list[dict], **settings) -> str:
 @contextlib.contextmanager
 def uvicorn_in_thread(app, **config) -> Iterator[tuple[uvicorn.Server, int]]:
     """`app` served by a real uvicorn on 127.0.0.1 in a thread of this process: (server, port)."""
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off",
-                                           **config))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started and thread.is_alive() and time.monotonic() < deadline:
-        threading.Event().wait(0.01)  # uvicorn offers no start event to wait on
+    for _ in range(PORT_TRIES):  # a port taken before uvicorn bound it ends its thread: another
+        port = free_port()
+        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                               lifespan="off", **config))
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 60
+        while not server.started and thread.is_alive() and time.monotonic() < deadline:
+            threading.Event().wait(0.01)  # uvicorn offers no start event to wait on
+        if server.started or thread.is_alive():
+            break
     assert server.started, "uvicorn did not start"
     try:
         yield server, port

@@ -554,3 +554,14 @@ def test_answers_that_took_no_time_let_the_depth_rise_without_dividing_by_zero()
     clock.now += SETTINGS.slo
     move = controller.step(10, full_since=0.0, now=clock.now)
     assert move is not None and move.direction == "up" and move.depth == 11
+
+
+def test_a_depth_set_under_the_floor_is_not_raised_while_its_tail_is_over_the_slo():
+    """A profile sets a pool's depth to each of its levels, 1 among them, under a floor of 2: with
+    its tail over the SLO the clamp to the floor made a rise 'for' over_slo, which /metrics has no
+    series for, and the control step failed with a KeyError."""
+    clock = Clock()
+    controller = DepthController(SETTINGS, seed=40, now=0.0, floor=2)  # range [2, 80]
+    feed(controller, clock, 1, 3.0)
+    assert controller.step(1, full_since=0.0, now=clock.now) is None
+    assert controller.snapshot(clock.now)["holding"].startswith("outside its range [2, 80]")
