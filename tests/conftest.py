@@ -19,6 +19,11 @@ except ImportError:
     pass
 
 
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if "alone" in item.keywords and os.environ.get("PYTEST_XDIST_WORKER"):
+        pytest.skip("judged against the machine's speed: run it without -n (pytest -m alone), not beside other tests")
+
+
 @pytest.fixture(scope="session")
 def model_spec() -> ModelSpec:
     return load_model_spec()

@@ -36,6 +36,10 @@ from estimator.rounds import measure_interleaved
 from tests.estimator.cli_runner import run_cli
 from windve.gc_tuning import YOUNG_THRESHOLD
 
+# A neighbour's bursts of load (the other process of a parallel run) pass the speed checks and
+# bend the profile: the README's test command runs this module after the parallel pass, alone.
+pytestmark = pytest.mark.alone
+
 SLO = 1.0
 TOKENS = 75
 CHECK_ROUNDS = 6
