@@ -167,7 +167,7 @@ def write_plan_config(folder: Path, plan: list[dict], **settings) -> str:
 @contextlib.contextmanager
 def uvicorn_in_thread(app, **config) -> Iterator[tuple[uvicorn.Server, int]]:
     """`app` served by a real uvicorn on 127.0.0.1 in a thread of this process: (server, port)."""
-    for _ in range(PORT_TRIES):  # a port taken before uvicorn bound it ends its thread: another
+    for _ in range(PORT_TRIES):  # a port taken before uvicorn bound it ends its thread: try another
         port = free_port()
         server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
                                                lifespan="off", **config))

@@ -437,8 +437,9 @@ class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
         self._body.done()
         self.flow.pause_reading()
         # This request, if its head was read, waits in the pipeline: it is not to be run.
-        for entry in list(self.pipeline):
-            if entry[0] is self.cycle and self.cycle is not self._last_read:
+        refused = self.cycle
+        if refused is not self._last_read:
+            for entry in [entry for entry in self.pipeline if entry[0] is refused]:
                 self.pipeline.remove(entry)
 
     def _answers_owed(self) -> bool:
