@@ -114,6 +114,15 @@ class TextTokenizer:
                 break
         return total
 
+    @property
+    def vocabulary_size(self) -> int:
+        """Token ids run from 0 to this, added tokens included."""
+        return self._full.get_vocab_size(with_added_tokens=True)
+
+    def decode(self, sequences: Sequence[Sequence[int]], skip_special_tokens: bool) -> list[str]:
+        """The text of each sequence of token ids (TEI's `/decode`)."""
+        return self._full.decode_batch([list(ids) for ids in sequences], skip_special_tokens=skip_special_tokens)
+
     def text_of_tokens(self, tokens: int) -> str:
         """A natural text whose encoding is exactly `tokens` ids long (special tokens included)."""
         if tokens < 2 or tokens > self.max_tokens:

@@ -47,6 +47,8 @@ def test_missing_or_wrong_key_is_401(keyed_server, header):
         assert models.status_code == 401 and models.json()["error"]["code"] == "invalid_api_key", path
     tokenize = httpx.post(keyed_server.url + "/tokenize", json={"inputs": "x"}, headers=headers)
     assert tokenize.status_code == 401 and tokenize.json()["error_type"] == "unauthorized"
+    decode = httpx.post(keyed_server.url + "/decode", json={"ids": [101]}, headers=headers)
+    assert decode.status_code == 401 and decode.json()["error_type"] == "unauthorized"
     infinity = httpx.post(keyed_server.url + "/embeddings", json={"input": "x"}, headers=headers)
     assert infinity.status_code == 401 and infinity.json()["error"]["code"] == "invalid_api_key"
 
@@ -55,6 +57,7 @@ def test_the_keys_utf8_bytes_are_served_and_probes_stay_public(keyed_server):
     assert httpx.post(keyed_server.url + "/embed", json={"inputs": "x"}, headers=AUTH).status_code == 200
     assert httpx.post(keyed_server.url + "/v1/embeddings", json={"input": "x"}, headers=AUTH).status_code == 200
     assert httpx.post(keyed_server.url + "/tokenize", json={"inputs": "x"}, headers=AUTH).status_code == 200
+    assert httpx.post(keyed_server.url + "/decode", json={"ids": [101]}, headers=AUTH).json() == [""]
     assert httpx.get(keyed_server.url + "/info", headers=AUTH).status_code == 200
     assert httpx.get(keyed_server.url + "/v1/models", headers=AUTH).status_code == 200
     scheme_in_capitals = {"Authorization": b"BEARER  " + KEY.encode()}

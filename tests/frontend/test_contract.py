@@ -279,6 +279,53 @@ def test_tokenize_bad_input(client, payload, status, fragment):
     assert fragment in answer.json()["error"]
 
 
+def test_decode_gives_the_text_of_token_ids_as_the_models_tokenizer_does(client, reference_model):
+    texts = ["Héllo wörld, WindVE! 日本", "a b"]
+    rows = client.post("/tokenize", json={"inputs": texts}).json()
+    ids = [[token["id"] for token in row] for row in rows]
+    hf = reference_model.tokenizer
+    decoded = client.post("/decode", json={"ids": ids})
+    assert decoded.status_code == 200 and decoded.json() == hf.batch_decode(ids, skip_special_tokens=True)
+    assert decoded.json()[1] == "a b"
+    one = client.post("/decode", json={"ids": ids[0], "skip_special_tokens": False}).json()
+    assert one == [hf.decode(ids[0], skip_special_tokens=False)] and one[0].startswith("[CLS]")
+    assert client.post("/decode", json={"ids": [ids[1], []]}).json() == ["a b", ""]
+
+
+@pytest.mark.parametrize(
+    ("payload", "fragment"),
+    [
+        ({"ids": []}, "ids: must not be empty"),
+        ({"ids": "101 102"}, "ids: must be a list of token ids"),
+        ({"ids": [101, "x"]}, "ids: item [1] is 'x', not a token id"),
+        ({"ids": [[101], [-1]]}, "ids: item [1][0] is -1, not a token id"),
+        ({"ids": [[101], 102]}, "ids: item [1] is 102, not a list"),
+        ({"ids": [101, 1.5]}, "ids: item [1] is 1.5"),
+        ({"ids": [[101], [102, 30522]]}, "ids: item [1][1] is 30522, past this model's vocabulary (30522 tokens"),
+        ({"ids": [2**63 - 1]}, f"item [0] is {2**63 - 1}, past this model's vocabulary"),
+        ({"ids": [2**70]}, "ids: item [0] is"),  # past 64 bits, a JSON reader's float
+        ({"ids": [101], "skip_special_tokens": "yes"}, "skip_special_tokens"),
+        ({}, "ids: field required"),
+    ],
+)
+def test_decode_bad_input(client, payload, fragment):
+    answer = client.post("/decode", json=payload)
+    assert answer.status_code == 422, answer.text
+    assert fragment in answer.json()["error"] and answer.json()["error_type"] == "validation"
+
+
+def test_decode_limits_its_ids_and_sequences(client):
+    info = client.get("/info").json()
+    tokens, batch = info["max_tokenize_tokens"], info["max_client_batch_size"]
+    flat = client.post("/decode", json={"ids": [1037] * (tokens + 1)})
+    assert flat.status_code == 413 and f"more than {tokens}" in flat.json()["error"]
+    nested = client.post("/decode", json={"ids": [[1037] * 1000] * (tokens // 1000 + 1)})
+    assert nested.status_code == 413 and "max_tokenize_tokens" in nested.json()["error"]
+    many = client.post("/decode", json={"ids": [[1037]] * (batch + 1)})
+    assert many.status_code == 413 and f"maximum allowed batch size {batch}" in many.json()["error"]
+    assert client.post("/decode", json={"ids": [1037] * tokens}).status_code == 200
+
+
 def test_dimensions_without_matryoshka_sizes_allow_only_the_full_size(client):
     assert client.get("/info").json()["model"]["dimensions"] == [384]
     full = client.post("/embed", json={"inputs": TEXTS}).json()
@@ -375,7 +422,7 @@ def test_request_and_front_end_times_count_from_the_first_bytes(server, client):
 
 def test_openapi_document(client):
     spec = client.get("/openapi.json").json()
-    routes = {"/embed", "/", "/tokenize", "/v1/embeddings", "/embeddings", "/v1/models", "/models"}
+    routes = {"/embed", "/", "/tokenize", "/decode", "/v1/embeddings", "/embeddings", "/v1/models", "/models"}
     routes |= {"/health", "/info", "/metrics"}
     assert routes <= set(spec["paths"])
     embed_body = spec["paths"]["/embed"]["post"]["requestBody"]["content"]["application/json"]["schema"]

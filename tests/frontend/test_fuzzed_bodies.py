@@ -18,6 +18,7 @@ ROUTES = {
     "/embed": ("inputs", "normalize", "truncate", "truncation_direction", "dimensions", "prompt_name"),
     "/": ("inputs", "normalize", "truncate", "dimensions"),
     "/tokenize": ("inputs", "add_special_tokens", "prompt_name"),
+    "/decode": ("ids", "skip_special_tokens"),
     "/v1/embeddings": ("input", "model", "encoding_format", "dimensions", "user"),
 }
 
@@ -34,6 +35,8 @@ scalars = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True),
     texts,
 )
+token_ids = st.lists(st.one_of(st.integers(-2, 30530), st.sampled_from([0, 100, 101, 102, 2**31])), max_size=6)
+WELL_FORMED = {"/decode": token_ids | st.lists(token_ids, min_size=1, max_size=3)}
 values = st.recursive(
     scalars,
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
@@ -52,7 +55,7 @@ def bodies(draw: st.DrawFn) -> tuple[str, bytes]:
         # The text field mostly well-formed, so that the others are checked beyond it.
         text_field = ROUTES[route][0]
         if draw(st.booleans()):
-            document[text_field] = draw(texts | st.lists(texts, min_size=1, max_size=3))
+            document[text_field] = draw(WELL_FORMED.get(route, texts | st.lists(texts, min_size=1, max_size=3)))
         if draw(st.integers(0, 4)) == 0:
             document[draw(st.text(min_size=1, max_size=8))] = draw(values)
     # ensure_ascii writes a lone surrogate as its \u escape, and allow_nan writes NaN and Infinity

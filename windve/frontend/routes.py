@@ -1,4 +1,4 @@
-"""HTTP routes: /embed and /tokenize (TEI shape), /v1/embeddings and /v1/models (OpenAI shape),
+"""HTTP routes: /embed, /tokenize and /decode (TEI shape), /v1/embeddings and /v1/models (OpenAI shape),
 /health, /info, /metrics.
 
 `POST /` answers as /embed and `GET /` as /health, as TEI's do for an embedding model
@@ -30,6 +30,7 @@ from windve.frontend.errors import MODEL_NOT_FOUND, ApiError, json_response
 from windve.frontend.exposition import combined_metrics
 from windve.frontend.pipeline import BUSY_ANSWERED, ClientGone, EmbeddingPipeline, arrival, counted
 from windve.frontend.schemas import (
+    DecodeRequest,
     EmbedRequest,
     OpenAIEmbeddingRequest,
     OpenAIEmbeddingResponse,
@@ -42,7 +43,7 @@ from windve.frontend.schemas import (
     parse,
     request_schema,
 )
-from windve.frontend.tokenize_limits import tokenize_within_limits
+from windve.frontend.tokenize_limits import decode_within_limits, tokenize_within_limits
 
 router = APIRouter()
 
@@ -164,6 +165,27 @@ async def tokenize(request: Request) -> Response:
         return Response(answer, media_type="application/json")
 
     return await _answered(request, "tokenize", handle, ApiError.tei_response)
+
+
+@router.post(
+    "/decode",
+    summary="The text of token ids, as the model's tokenizer decodes them (text-embeddings-inference shape)",
+    response_model=list[str],
+    responses=_TEI_ERRORS,
+    openapi_extra=request_schema(DecodeRequest),
+)
+async def decode(request: Request) -> Response:
+    async def handle() -> Response:
+        state = _state(request)
+        data = await read_json(request, state.settings.max_request_bytes)
+        tokenizer = _pipeline(request).runtime.tokenizer
+        settings = state.settings
+        answer = await decode_within_limits(
+            tokenizer, data, settings.max_tokenize_tokens, settings.max_client_batch_size
+        )
+        return Response(answer, media_type="application/json")
+
+    return await _answered(request, "decode", handle, ApiError.tei_response)
 
 
 _EMBEDDINGS_ROUTE = {

@@ -83,6 +83,38 @@ class TokenizeRequest(_TeiInputs):
     add_special_tokens: StrictBool = Field(True, description="Include the model's special tokens ([CLS], [SEP])")
 
 
+class DecodeRequest(BaseModel):
+    """text-embeddings-inference's `POST /decode`: token ids back to text."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    ids: list[StrictInt] | list[list[StrictInt]] = Field(description="One sequence of token ids, or a list of them")
+    skip_special_tokens: StrictBool = Field(True, description="Leave out the model's special tokens ([CLS], [SEP])")
+
+    @property
+    def sequences(self) -> list[list[int]]:
+        ids = self.ids
+        return [ids] if not ids or not isinstance(ids[0], list) else ids  # type: ignore[list-item]
+
+    @field_validator("ids", mode="before")
+    @classmethod
+    def _one_shape(cls, value: object) -> object:
+        # The union's own errors name its alternatives ("ids.list[int].0"); say which item is wrong.
+        if not isinstance(value, list):
+            raise ValueError("must be a list of token ids, or a list of such lists")
+        if not value:
+            raise ValueError("must not be empty")
+        nested = isinstance(value[0], list)
+        for index, item in enumerate(value):
+            for inner, token in enumerate(item) if nested and isinstance(item, list) else [(None, item)]:
+                where = f"[{index}]" if inner is None else f"[{index}][{inner}]"
+                if nested and inner is None:
+                    raise ValueError(f"item {where} is {_shown(item)}, not a list: nest every sequence or none")
+                if not _is_token_id(token) or token < 0:
+                    raise ValueError(f"item {where} is {_shown(token)}, not a token id (an integer >= 0)")
+        return value
+
+
 class TeiToken(BaseModel):
     id: int
     text: str = Field(description="The text the token covers, or the special token")
@@ -127,6 +159,11 @@ class OpenAIEmbeddingRequest(BaseModel):
 
 def _is_token_id(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _token_ids(value: object) -> bool:

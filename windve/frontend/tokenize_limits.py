@@ -1,7 +1,8 @@
-"""/tokenize within bounds: its answer grows with the tokens (about 70 bytes of JSON, and some
-hundreds of bytes while built, per token), so tokens are counted before the answer is built, a
-request past `max_tokenize_tokens` is refused (413), and the answers a process builds at once are
-bounded in tokens (429 past it). The work runs off the event loop, which serves the embedding queues.
+"""/tokenize and /decode within bounds. /tokenize's answer grows with the tokens (about 70 bytes of
+JSON, and some hundreds of bytes while built, per token), so tokens are counted before the answer is
+built, a request past `max_tokenize_tokens` is refused (413), and the answers a process builds at
+once are bounded in tokens (429 past it). /decode takes at most `max_tokenize_tokens` ids. The work
+runs off the event loop, which serves the embedding queues.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from contextlib import contextmanager
 
 import orjson
 
-from windve.frontend.errors import OVERLOADED, TOO_LARGE, ApiError
+from windve.frontend.errors import OVERLOADED, TOO_LARGE, VALIDATION, ApiError
+from windve.frontend.schemas import DecodeRequest, parse
 from windve.tokenizer import TextTokenizer
 
 # Answers of this many requests at the limit may be built at once; one at the limit always fits.
@@ -69,3 +71,44 @@ def _answer(tokenizer: TextTokenizer, texts: Sequence[str], add_special_tokens: 
     if sum(len(row) for row in rows) > limit:
         raise too_many_tokens(limit)
     return orjson.dumps(rows)
+
+
+async def decode_within_limits(tokenizer: TextTokenizer, data: object, limit: int, batch_limit: int) -> bytes:
+    """TEI's /decode answer to the JSON body `data` as JSON bytes: 413 past `limit` ids or
+    `batch_limit` sequences, 422 for an id the model does not have."""
+    # Off the loop: a body at the size limit holds ~500,000 ids to check.
+    return await asyncio.to_thread(_decoded, tokenizer, data, limit, batch_limit)
+
+
+def _decoded(tokenizer: TextTokenizer, data: object, limit: int, batch_limit: int) -> bytes:
+    ids = data.get("ids") if isinstance(data, dict) else None
+    if isinstance(ids, list):  # counted before the items are checked one by one
+        nested = bool(ids) and isinstance(ids[0], list)
+        if nested and len(ids) > batch_limit:
+            raise ApiError(
+                413, f"batch size {len(ids)} > maximum allowed batch size {batch_limit}", TOO_LARGE, param="ids"
+            )
+        total = sum(len(item) if isinstance(item, list) else 1 for item in ids) if nested else len(ids)
+        if total > limit:
+            raise ApiError(
+                413,
+                f"ids hold {total} token ids, more than {limit} (setting max_tokenize_tokens); send fewer",
+                TOO_LARGE,
+                param="ids",
+            )
+    body = parse(DecodeRequest, data)
+    vocabulary = tokenizer.vocabulary_size
+    for index, sequence in enumerate(body.sequences):
+        if max(sequence, default=-1) < vocabulary:
+            continue
+        for inner, token in enumerate(sequence):
+            if token >= vocabulary:
+                where = f"[{inner}]" if not isinstance(body.ids[0], list) else f"[{index}][{inner}]"
+                raise ApiError(
+                    422,
+                    f"ids: item {where} is {token}, past this model's vocabulary ({vocabulary} tokens: 0 to "
+                    f"{vocabulary - 1})",
+                    VALIDATION,
+                    param="ids",
+                )
+    return orjson.dumps(tokenizer.decode(body.sequences, body.skip_special_tokens))
