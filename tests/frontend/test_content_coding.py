@@ -1,10 +1,14 @@
-"""Request bodies sent gzip- or deflate-encoded (Content-Encoding) are decoded, within the byte
-limit once decoded; a coding the server cannot decode is a 415 in the route's error shape."""
+"""Request bodies sent gzip- or deflate-encoded (Content-Encoding, or Transfer-Encoding before
+`chunked`) are decoded, within the byte limit once decoded; a content coding the server cannot
+decode is a 415 in the route's error shape, such a transfer coding a 501 (RFC 9112 6.1)."""
 
 from __future__ import annotations
 
 import gzip
+import http.client
+import json
 import zlib
+from urllib.parse import urlsplit
 
 import httpx
 import orjson
@@ -81,3 +85,55 @@ def test_content_encoding_on_several_lines_is_one_list(client, lines, encode, st
     assert response.status_code == status, response.text
     if status == 200:
         assert response.json() == client.post("/embed", json={"inputs": TEXTS}).json()
+
+
+def sent_chunked(url: str, requests: list[tuple[str, bytes, dict[str, str]]]) -> list[tuple[int, dict]]:
+    """(status, JSON answer) of each request, sent one after another on one connection with the
+    body in two chunks and the headers given (Transfer-Encoding among them)."""
+    address = urlsplit(url)
+    connection = http.client.HTTPConnection(address.hostname, address.port, timeout=60)
+    answers = []
+    try:
+        for path, body, headers in requests:
+            connection.putrequest("POST", path)
+            for name, value in {"Content-Type": "application/json", **headers}.items():
+                connection.putheader(name, value)
+            connection.endheaders()
+            half = len(body) // 2
+            for chunk in (body[:half], body[half:]):
+                connection.send(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            connection.send(b"0\r\n\r\n")
+            response = connection.getresponse()
+            answers.append((response.status, json.loads(response.read())))
+    finally:
+        connection.close()
+    return answers
+
+
+@pytest.mark.parametrize(
+    ("transfer", "content", "encode"),
+    [("gzip, chunked", None, gzip.compress), ("deflate, chunked", None, zlib.compress),
+     ("chunked", None, lambda body: body),
+     ("gzip, chunked", "deflate", lambda body: gzip.compress(zlib.compress(body)))],
+)  # fmt: skip
+def test_a_body_with_transfer_codings_gives_the_vectors_of_the_plain_one(server, client, transfer, content, encode):
+    """Before, `gzip, chunked` was read as JSON still gzipped (a 422), `deflate, chunked` as if plain."""
+    plain = client.post("/embed", json={"inputs": TEXTS}).json()
+    headers = {"Transfer-Encoding": transfer, **({"Content-Encoding": content} if content else {})}
+    [(status, answer)] = sent_chunked(server.url, [("/embed", encode(orjson.dumps({"inputs": TEXTS})), headers)])
+    assert (status, answer) == (200, plain)
+
+
+def test_a_transfer_coding_the_server_cannot_decode_is_501_and_the_connection_serves_on(server, client):
+    plain = client.post("/embed", json={"inputs": TEXTS}).json()
+    body = orjson.dumps({"inputs": TEXTS})
+    unknown = {"Transfer-Encoding": "compress, chunked"}
+    answers = sent_chunked(
+        server.url,
+        [("/embed", body, unknown), ("/v1/embeddings", orjson.dumps({"input": TEXTS}), unknown),
+         ("/embed", body, {"Transfer-Encoding": "chunked"})],
+    )  # fmt: skip
+    (tei_status, tei), (openai_status, openai), last = answers
+    assert tei_status == 501 and tei["error_type"] == "not_implemented" and "'compress'" in tei["error"]
+    assert openai_status == 501 and openai["error"]["code"] == "unsupported_transfer_encoding"
+    assert last == (200, plain)

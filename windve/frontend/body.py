@@ -1,4 +1,4 @@
-"""Read a request body with a byte limit, decode its content coding, and parse it as JSON."""
+"""Read a request body with a byte limit, decode its transfer and content codings, and parse it as JSON."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 from starlette.requests import ClientDisconnect, Request
 
-from windve.frontend.errors import TOO_LARGE, UNSUPPORTED_ENCODING, VALIDATION, ApiError
+from windve.frontend.errors import NOT_IMPLEMENTED, TOO_LARGE, UNSUPPORTED_ENCODING, VALIDATION, ApiError
 from windve.frontend.pipeline import release_pass
 
 # Content codings a body may come in (RFC 9110 8.4.1), as zlib's window bits: gzip's header, or
@@ -18,12 +18,15 @@ _CODINGS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate
 
 async def read_json(request: Request, limit: int) -> Any:
     """The decoded JSON body; 413 past `limit` bytes, as sent (checked before reading when declared)
-    or decoded; 415 for a content coding other than gzip or deflate."""
+    or decoded; 415 for a content coding other than gzip or deflate, 501 for such a transfer coding."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, f"request body of {declared} bytes exceeds the limit of {limit} bytes", TOO_LARGE)
     # A header sent on several lines is one list (RFC 9110 5.3): each line's codings count.
     codings = _codings(", ".join(request.headers.getlist("content-encoding")))
+    # Transfer codings go on after the content codings, so they come off first; the parser has
+    # taken off `chunked`, the last. A body sent `gzip, chunked` had been read as JSON still gzipped.
+    codings += _transfer_codings(", ".join(request.headers.getlist("transfer-encoding")))
     chunks = []
     size = 0
     while True:
@@ -60,6 +63,18 @@ def _codings(header: str) -> list[str]:
         raise ApiError(
             415, f"Content-Encoding {unsupported[0]!r} is not supported: send the body as is, gzip or deflate",
             UNSUPPORTED_ENCODING, headers={"Accept-Encoding": "gzip, deflate"},
+        )  # fmt: skip
+    return codings
+
+
+def _transfer_codings(header: str) -> list[str]:
+    codings = [coding.strip().lower() for coding in header.split(",")]
+    codings = [coding for coding in codings if coding and coding not in ("chunked", "identity")]
+    unsupported = [coding for coding in codings if coding not in _CODINGS]
+    if unsupported:
+        raise ApiError(
+            501, f"Transfer-Encoding {unsupported[0]!r} is not supported: send the body chunked, gzip or deflate",
+            NOT_IMPLEMENTED,
         )  # fmt: skip
     return codings
 

@@ -24,6 +24,7 @@ NOT_FOUND = "not_found"  # no route at this path
 METHOD_NOT_ALLOWED = "method_not_allowed"
 MALFORMED = "malformed_request"  # HTTP the parser could not read
 UNSUPPORTED_ENCODING = "unsupported_media_type"  # a Content-Encoding the server cannot decode
+NOT_IMPLEMENTED = "not_implemented"  # a Transfer-Encoding the server cannot decode (RFC 9112 6.1: 501)
 INTERNAL = "internal"
 
 _OPENAI_TYPES = {
@@ -35,6 +36,7 @@ _OPENAI_TYPES = {
     METHOD_NOT_ALLOWED: ("invalid_request_error", None),
     MALFORMED: ("invalid_request_error", None),
     UNSUPPORTED_ENCODING: ("invalid_request_error", "unsupported_content_encoding"),
+    NOT_IMPLEMENTED: ("invalid_request_error", "unsupported_transfer_encoding"),
     OVERLOADED: ("server_busy", "busy"),
     BACKEND: ("server_error", "backend_error"),
     UNHEALTHY: ("server_error", "unavailable"),
