@@ -10,15 +10,22 @@ start these children from threads that live as long as the child should.
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import signal
 import sys
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
+log = logging.getLogger(__name__)
+
 
 def signal_at_parent_death(parent: int, sig: signal.Signals) -> bool:
     """Ask for `sig` when `parent` dies; False if it has died already (no signal would come)."""
     if sys.platform == "linux":
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0) != 0:
+            # A seccomp profile may forbid it. The children's own checks of their parent (a
+            # pipe's end, a polled pid) still end them, once they look.
+            log.warning("prctl(PR_SET_PDEATHSIG) failed: %s", os.strerror(ctypes.get_errno()))
     return os.getppid() == parent
