@@ -515,8 +515,13 @@ class QueueManager:
         answered = self._now()
         # A pipelined batch waited in the engine's pipe for the one before: its own compute
         # started when that one was answered.
-        elapsed = answered - max(sent, slot.last_answer)
+        started = max(sent, slot.last_answer)
+        elapsed = answered - started
         slot.last_answer = answered
+        for query in batch:
+            if not query.done:
+                request = query.request
+                request.note_answered(slot.pool.name, started - request.created, elapsed)
         self._forget_batch(slot, batch)
         slot.batches += 1
         slot.note_batch(len(batch), elapsed)

@@ -57,6 +57,9 @@ class Request:
         "loads",
         "finished",
         "abandoned",
+        "queued",
+        "computed",
+        "served",
     )
 
     def __init__(self, n: int, loop: asyncio.AbstractEventLoop, created: float = 0.0) -> None:
@@ -77,6 +80,25 @@ class Request:
         # so that a pool's sample is not charged the time its request waited on the other pool.
         self.finished: dict[str, float] | None = None
         self.abandoned = False  # its caller left: no one reads its answers
+        # Summed over its answered queries: seconds from admission to their batch's start, and their
+        # batch's seconds on the instance; and the pools that answered them ("cpu", "accelerator+cpu").
+        self.queued = 0.0
+        self.computed = 0.0
+        self.served = ""
+
+    def note_answered(self, pool: str, queued: float, computed: float) -> None:
+        """One of its queries was answered by `pool`, after `queued` seconds and a batch of `computed`."""
+        self.queued += queued
+        self.computed += computed
+        if not self.served:
+            self.served = pool
+        elif pool not in self.served.split("+"):
+            self.served += "+" + pool
+
+    def timing(self) -> tuple[float, float, str]:
+        """The mean over its queries of their time in a queue and of their batch's time, as TEI's
+        x-queue-time and x-inference-time say them, and the pools that answered."""
+        return self.queued / self.n, self.computed / self.n, self.served
 
     def deliver(self, index: int, vector: np.ndarray) -> None:
         if self.vectors is None:

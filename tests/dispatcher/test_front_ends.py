@@ -127,6 +127,12 @@ def test_concurrent_requests_through_both_front_ends_get_their_own_vectors(serve
             want = reference_model.encode(texts, normalize_embeddings=True)
             assert got.shape == want.shape
             assert np.min(np.sum(got * want, axis=1)) > 0.9999
+            # TEI's timing headers, from the dispatcher's process: the pools that computed them
+            computed_by = set(answer.headers["x-compute-type"].split("+"))
+            assert computed_by <= {"accelerator", "cpu"} and computed_by, answer.headers["x-compute-type"]
+            assert int(answer.headers["x-inference-time"]) + int(answer.headers["x-queue-time"]) <= int(
+                answer.headers["x-total-time"]
+            ) + 2
         else:
             assert answer.json()["error_type"] == "overloaded"
     peak = _info(served)["dispatcher"]["peak_in_flight"]

@@ -100,7 +100,7 @@ def test_of_two_requests_for_one_slot_the_second_is_refused_and_leaves_no_cycles
         await asyncio.wait((second,), timeout=30)
         assert second.done() and not first.done()
         instance.release.set()
-        vectors, _ = await first
+        vectors = (await first).vectors
         outcomes.append(vectors.shape)
         # The refusal described, not kept: kept, it would keep its objects alive past the collection.
         refusal = second.exception()
@@ -137,7 +137,7 @@ def test_a_cancelled_handler_frees_the_slots_its_queued_queries_held(
         await asyncio.wait((queued,))
         assert queued.cancelled() and qm.pools[0].in_flight == 1
         instance.release.set()
-        vectors, _ = await running
+        vectors = (await running).vectors
         assert vectors.shape == (1, 4) and qm.pools[0].in_flight == 0
         await qm.close()
 

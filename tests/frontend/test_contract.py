@@ -47,6 +47,31 @@ def test_embed_normalize_false_keeps_raw_norm(client):
     assert np.linalg.norm(raw, axis=1).min() > 1.5  # MiniLM's pooled vectors are far from unit length
 
 
+TIMING_HEADERS = ("x-total-time", "x-tokenization-time", "x-queue-time", "x-inference-time", "x-compute-time")
+
+
+def timings(response: httpx.Response) -> dict[str, int]:
+    return {name: int(response.headers[name]) for name in TIMING_HEADERS}
+
+
+def test_embedding_answers_carry_teis_timing_headers(client):
+    """Scripts written against TEI read them; a missing one was a KeyError there."""
+    texts = ["word " * 200] * 8  # long enough that the batch takes whole milliseconds, within the 256 tokens
+    tokens = sum(len(row) for row in client.post("/tokenize", json={"inputs": texts}).json())
+    tei = client.post("/embed", json={"inputs": texts})
+    openai = client.post("/v1/embeddings", json={"input": texts})
+    for answer in (tei, openai):
+        assert answer.headers["x-compute-type"] == "cpu"  # the pool that computed them
+        assert int(answer.headers["x-compute-characters"]) == sum(len(text) for text in texts)
+        assert int(answer.headers["x-compute-tokens"]) == tokens
+        took = timings(answer)
+        assert took["x-total-time"] == took["x-compute-time"]
+        assert took["x-inference-time"] > 0
+        # Whole milliseconds, each cut down: the parts may sum to up to 2 ms past their own total.
+        assert took["x-tokenization-time"] + took["x-queue-time"] + took["x-inference-time"] <= took["x-total-time"] + 2
+    assert int(openai.headers["x-compute-tokens"]) == openai.json()["usage"]["prompt_tokens"]
+
+
 def test_openai_float_and_base64(client, expected):
     body = client.post("/v1/embeddings", json={"input": TEXTS, "model": "any"}).json()
     assert body["object"] == "list"

@@ -206,3 +206,32 @@ def test_a_long_query_fills_half_a_batch_by_its_tokens():
         await qm.close()
 
     asyncio.run(scenario())
+
+
+def test_a_request_knows_its_queries_time_in_a_queue_and_in_their_batch():
+    """TEI's x-queue-time and x-inference-time: a batch sent while the one before it computes
+    waits in the engine's pipe, and that wait is queue time, not its own compute."""
+    clock = [0.0]
+
+    async def scenario():
+        engine = PipelinedInstance("cpu0", pipeline=2)
+        qm = QueueManager([("cpu", 16, [engine])], max_batch_size=1, now=lambda: clock[0])
+        await qm.start()
+        first, second = qm.admit(queries([1])), qm.admit(queries([2, 3]))  # admitted at 0
+        await settle()
+        assert engine.batches() == [[1], [2]]  # both sent at 0: [2] waits in the pipe
+        clock[0] = 1.0
+        engine.complete()  # [1] took 1 s; [3] is sent now
+        await settle()
+        clock[0] = 3.0
+        engine.complete()  # [2]: in the pipe 0 -> 1, computed 1 -> 3
+        await settle()
+        clock[0] = 6.0
+        engine.complete()  # [3]: sent at 1, computed 3 -> 6
+        await first.future
+        await second.future
+        assert first.timing() == (0.0, 1.0, "cpu")
+        assert second.timing() == ((1.0 + 3.0) / 2, (2.0 + 3.0) / 2, "cpu")
+        await qm.close()
+
+    asyncio.run(scenario())

@@ -41,6 +41,8 @@ def test_local_hits_are_identical_and_skip_the_queue(local_cache_server):
     again = httpx.post(url + "/embed", json={"inputs": TEXTS[:2]})
     assert again.content == first.content  # byte-identical answer
     assert dispatched(url) == queued  # no queue slot taken
+    assert first.headers["x-compute-type"] == "cpu" and again.headers["x-compute-type"] == "cache"
+    assert again.headers["x-queue-time"] == again.headers["x-inference-time"] == "0"
     partly = httpx.post(url + "/embed", json={"inputs": TEXTS})
     assert partly.json()[:2] == first.json()
     assert dispatched(url) == queued + 1  # only the miss went to a pool

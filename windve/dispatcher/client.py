@@ -6,7 +6,8 @@ Both clients answer the same calls, so the front end's request path is one:
 - `submit(sequences, waited)` -> a Ticket, in the caller's own event-loop step (in-process:
   admitted or refused right there, so a refusal costs no task); `await ticket.future`, then
   `ticket.result()` -> float32 [n, dim] or Busy / ShuttingDown / Unavailable / QueryFailed;
-  `ticket.cancel()` when the client has gone frees its queries' slots;
+  `ticket.cancel()` when the client has gone frees its queries' slots; `ticket.timing()` once
+  answered: (mean queue seconds, mean batch seconds, the pools that answered), TEI's timing headers;
 - `status()` for /health (never waits behind embedding work), `await info()`,
   `await metrics_text()` for what lives in the dispatcher's process;
 - `await serving(address)` once the front end answers HTTP: the dispatcher's warm-up probe may
@@ -48,6 +49,9 @@ class LocalTicket:
         vectors = self.future.result()
         self._qm.record_latency(self._request, time.perf_counter() - self._since)
         return vectors
+
+    def timing(self) -> tuple[float, float, str]:
+        return self._request.timing()
 
     def cancel(self) -> None:
         self._qm.cancel(self._request)
@@ -121,6 +125,10 @@ class RemoteTicket:
         if status == messages.UNAVAILABLE:
             raise Unavailable(retry_after=retry, message=header["message"])
         raise QueryFailed(header["message"])
+
+    def timing(self) -> tuple[float, float, str]:
+        header = self.future.result()[0]
+        return header["queued"], header["computed"], header["served"]
 
     def cancel(self) -> None:
         self._client.forget(self._id)

@@ -200,7 +200,9 @@ class DispatcherServer:
             self._await_report(key, request)
             count, dim = vectors.shape
             vectors = np.ascontiguousarray(vectors, dtype=np.float32)  # msgpack takes C-ordered buffers only
+            queued, computed, served = request.timing()
             header = {"id": request_id, "status": messages.OK, "n": count, "dim": dim, "vectors": vectors.data}
+            header.update(queued=queued, computed=computed, served=served)
             self._send(client, header)
 
         request.future.add_done_callback(answered)

@@ -36,6 +36,20 @@ class ClientGone(Exception):
     """The client closed the connection before its answer was ready."""
 
 
+class Embedded(NamedTuple):
+    """A request's embeddings, the tokens embedded (the prompt's included), and what its TEI
+    timing headers say: seconds tokenizing, and the mean over the inputs computed of their
+    seconds in a queue and of their batch's seconds; `served`: the pools that computed them
+    ("cache" where none did)."""
+
+    vectors: np.ndarray
+    tokens: int
+    tokenizing: float
+    queued: float
+    computed: float
+    served: str
+
+
 class EmbeddingPipeline:
     def __init__(self, runtime: FrontEnd, cache: EmbeddingCache | None = None) -> None:
         self.runtime = runtime
@@ -80,9 +94,9 @@ class EmbeddingPipeline:
         field: str,
         prompt_name: str | None = None,
         side: str | None = None,
-    ) -> tuple[np.ndarray, int]:
-        """Embeddings [len(texts), dim] and the number of tokens embedded, the prompt's included;
-        `side`: where a truncated text is cut (None: the model's tokenizer's side)."""
+    ) -> Embedded:
+        """Embeddings [len(texts), dim] and what it took; `side`: where a truncated text is cut
+        (None: the model's tokenizer's side)."""
         # From when the request's bytes reached the socket (http_protocol.py takes the kernel's
         # stamp): under load the handler starts a whole event-loop turn or more later, and depth
         # control must count that.
@@ -101,8 +115,11 @@ class EmbeddingPipeline:
                 self.dispatcher.check_room(len(missing))
             except (Busy, Unavailable) as exc:
                 raise refusal(exc) from None
+        tokenizing = time.perf_counter()
         sequences = await self._tokenize(texts, truncate, field, side)  # all of them: usage counts every token
+        tokenizing = time.perf_counter() - tokenizing
         tokens = sum(len(seq) for seq in sequences)
+        queued, computed, served = 0.0, 0.0, "cache"
         count = counted(request)
         if count:
             metrics.REQUEST_TOKENS.observe(tokens)
@@ -110,7 +127,7 @@ class EmbeddingPipeline:
             waited = time.perf_counter() - arrived
             if count:
                 metrics.FRONT_END_TIME.observe(waited)
-            fresh = await self._submit([sequences[i] for i in missing], request, waited)
+            fresh, (queued, computed, served) = await self._submit([sequences[i] for i in missing], request, waited)
             if normalize:
                 fresh = normalized(fresh)
             if vectors is None:
@@ -122,7 +139,7 @@ class EmbeddingPipeline:
         if count:
             metrics.TOKENS.inc(tokens)
             metrics.INPUTS.inc(len(texts))
-        return vectors, tokens
+        return Embedded(vectors, tokens, tokenizing, queued, computed, served)
 
     async def _tokenize(self, texts: Sequence[str], truncate: bool, field: str, side: str) -> list[np.ndarray]:
         started = time.perf_counter()
@@ -169,8 +186,11 @@ class EmbeddingPipeline:
                 vectors[i] = vector
         return vectors, missing
 
-    async def _submit(self, sequences: list[np.ndarray], request: Request, waited: float) -> np.ndarray:
-        """Dispatch the sequences; the client leaving cancels them (their slots free at once).
+    async def _submit(
+        self, sequences: list[np.ndarray], request: Request, waited: float
+    ) -> tuple[np.ndarray, tuple[float, float, str]]:
+        """Dispatch the sequences: their vectors and timing (Ticket.timing); the client leaving
+        cancels them (their slots free at once).
 
         Submitted in this same step of the event loop as the room check: in-process, a request
         refused here costs no task, and no other request can take the room in between."""
@@ -188,7 +208,7 @@ class EmbeddingPipeline:
         if not ticket.future.done():
             raise ClientGone()
         try:
-            return ticket.result()
+            return ticket.result(), ticket.timing()
         except (Busy, Unavailable) as exc:
             raise refusal(exc) from None
         except QueryFailed as exc:

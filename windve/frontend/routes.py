@@ -43,6 +43,7 @@ from windve.frontend.schemas import (
     parse,
     request_schema,
 )
+from windve.frontend.timing_headers import timing_headers
 from windve.frontend.tokenize_limits import decode_within_limits, tokenize_within_limits
 
 router = APIRouter()
@@ -77,6 +78,10 @@ def _state(request: Request):
 async def _request_body(request: Request, model: type[BodyModel]) -> BodyModel:
     """The JSON body, within the size limit, validated as `model` (a 413 or 422 ApiError if not)."""
     return parse(model, await read_json(request, _state(request).settings.max_request_bytes))
+
+
+def _characters(texts: list[str]) -> int:
+    return sum(len(text) for text in texts)
 
 
 def _pipeline(request: Request) -> EmbeddingPipeline:
@@ -134,10 +139,13 @@ async def embed(request: Request) -> Response:
         body = await _request_body(request, EmbedRequest)
         pipeline = _pipeline(request)
         dimensions = requested_dimensions(body.dimensions, pipeline.runtime.spec, _state(request).settings)
-        vectors, _ = await pipeline.embed(
+        embedded = await pipeline.embed(
             body.texts, body.normalize, body.truncate, request, "inputs", body.prompt_name, body.truncation_direction
         )
-        return json_response(cut(vectors, dimensions, renormalize=body.normalize))
+        return json_response(
+            cut(embedded.vectors, dimensions, renormalize=body.normalize),
+            headers=timing_headers(embedded, arrival(request.scope), _characters(body.texts)),
+        )
 
     return await _answered(request, "embed", handle, ApiError.tei_response)
 
@@ -203,8 +211,8 @@ async def openai_embeddings(request: Request) -> Response:
         pipeline = _pipeline(request)
         spec = pipeline.runtime.spec
         dimensions = requested_dimensions(body.dimensions, spec, _state(request).settings)
-        vectors, tokens = await pipeline.embed(body.texts, spec.normalize, None, request, "input")
-        vectors = cut(vectors, dimensions, renormalize=spec.normalize)
+        embedded = await pipeline.embed(body.texts, spec.normalize, None, request, "input")
+        vectors, tokens = cut(embedded.vectors, dimensions, renormalize=spec.normalize), embedded.tokens
         if body.encoding_format == "base64":
             items = [base64.b64encode(row.astype("<f4").tobytes()).decode() for row in vectors]
         else:
@@ -215,7 +223,8 @@ async def openai_embeddings(request: Request) -> Response:
                 "data": [{"object": "embedding", "index": i, "embedding": item} for i, item in enumerate(items)],
                 "model": spec.name,
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-            }
+            },
+            headers=timing_headers(embedded, arrival(request.scope), _characters(body.texts)),
         )
 
     return await _answered(request, "openai", handle, ApiError.openai_response)
