@@ -31,7 +31,15 @@ class InputTooLong(ValueError):
             f"input {index} has {counted} tokens, more than the model's limit of {limit}; "
             "shorten it or send truncate=true"
         )
-        self.index, self.tokens, self.limit = index, tokens, limit
+        self.index, self.tokens, self.limit, self.at_least = index, tokens, limit, at_least
+
+    def at(self, index: int) -> InputTooLong:
+        """The same, said of input `index` of the request (this one's index is within a part of it)."""
+        return InputTooLong(index, self.tokens, self.limit, self.at_least)
+
+
+class NotInVocabulary(ValueError):
+    """A token id past the model's vocabulary: an engine would index past its embedding table."""
 
 
 class TextTokenizer:
@@ -113,6 +121,22 @@ class TextTokenizer:
             if total > stop_above:
                 break
         return total
+
+    def sequence_of_ids(self, ids: Sequence[int], truncate: bool, side: str | None = None) -> np.ndarray:
+        """Token ids a client sent, taken as they are (no special tokens added, as TEI takes them),
+        cut to `max_tokens` at `side` when truncating; InputTooLong (its index 0) when not, and
+        NotInVocabulary for an id the model does not have."""
+        vocabulary = self.vocabulary_size
+        if max(ids, default=0) >= vocabulary:  # checked as Python ints: a JSON id may pass 64 bits
+            first = next(token for token in ids if token >= vocabulary)
+            raise NotInVocabulary(f"token id {first} is past this model's vocabulary (0 to {vocabulary - 1})")
+        sequence = np.asarray(ids, dtype=np.int32)
+        if len(sequence) > self.max_tokens:
+            if not truncate:
+                raise InputTooLong(0, len(sequence), self.max_tokens)
+            side = self._spec.truncation_side if side is None else side
+            sequence = sequence[-self.max_tokens :] if side == "left" else sequence[: self.max_tokens]
+        return sequence
 
     @property
     def vocabulary_size(self) -> int:

@@ -150,12 +150,52 @@ def test_openai_token_id_input_says_to_send_texts(client, token_ids):
     assert "check_embedding_ctx_length=False" in error["message"]
 
 
+def test_tei_takes_the_models_token_ids_as_it_takes_texts(client):
+    """TEI's /embed takes token ids (one list, or lists among the texts); they had been refused."""
+    ids = [[token["id"] for token in row] for row in client.post("/tokenize", json={"inputs": TEXTS}).json()]
+    texts = np.array(client.post("/embed", json={"inputs": TEXTS}).json())
+    np.testing.assert_allclose(client.post("/embed", json={"inputs": ids}).json(), texts, atol=1e-6)
+    np.testing.assert_allclose(client.post("/embed", json={"inputs": ids[0]}).json(), texts[:1], atol=1e-6)
+    mixed = client.post("/embed", json={"inputs": [TEXTS[0], ids[1]]})
+    np.testing.assert_allclose(mixed.json(), texts, atol=1e-6)
+    assert int(mixed.headers["x-compute-tokens"]) == len(ids[0]) + len(ids[1])
+    assert int(mixed.headers["x-compute-characters"]) == len(TEXTS[0])  # ids are no characters
+
+
+def test_token_ids_are_cut_as_texts_are_and_checked_against_the_vocabulary(client):
+    long = [101] + [2773] * 400 + [102]  # "word" x 400: past the model's 256 tokens
+    refused = client.post("/embed", json={"inputs": ["short", long], "truncate": False})
+    assert refused.status_code == 422
+    assert refused.json()["error"].startswith("inputs[1]: input 1 has 402 tokens, more than the model's limit of 256")
+    for side, kept in (("right", long[:256]), ("left", long[-256:])):
+        cut = client.post("/embed", json={"inputs": long, "truncate": True, "truncation_direction": side}).json()
+        np.testing.assert_allclose(cut, client.post("/embed", json={"inputs": kept}).json(), atol=1e-6)
+    for past in (30522, 2**63 + 5):
+        answer = client.post("/embed", json={"inputs": [[101, 102], [101, past, 102]]})
+        assert answer.status_code == 422
+        assert answer.json()["error"] == f"inputs[1]: token id {past} is past this model's vocabulary (0 to 30521)"
+
+
+@pytest.mark.parametrize(
+    ("inputs", "message"),
+    [
+        ([[101, 102], []], "inputs[1] is an empty list of token ids"),
+        ([101, -1], "inputs[1] is -1, not a token id (an integer >= 0)"),
+        ([[101], [102, "x"]], "inputs[1][1] is 'x', not a token id (an integer >= 0)"),
+        (["a", 3], "inputs[1] is 3, not a text or a list of token ids"),
+        (7, "inputs: must be a text, a list of texts, or token ids"),
+    ],
+)
+def test_tei_inputs_that_are_neither_texts_nor_token_ids(client, inputs, message):
+    response = client.post("/embed", json={"inputs": inputs})
+    assert response.status_code == 422 and response.json()["error"] == message
+
+
 @pytest.mark.parametrize("token_ids", [[101, 2023, 102], [[101, 2023, 102], [101, 102]]])
-def test_tei_token_id_input_says_to_send_texts(client, token_ids):
-    # had been "inputs[0]: Input should be a valid string"
-    response = client.post("/embed", json={"inputs": token_ids})
+def test_tokenize_takes_texts_only(client, token_ids):
+    response = client.post("/tokenize", json={"inputs": token_ids})
     assert response.status_code == 422
-    assert response.json()["error"] == "inputs: token ids are not accepted, only texts"
+    assert response.json()["error"].startswith("inputs: token ids are not accepted, only texts (/embed takes them")
 
 
 def test_openai_null_encoding_format_is_the_default(client):
@@ -322,13 +362,13 @@ def test_decode_gives_the_text_of_token_ids_as_the_models_tokenizer_does(client,
     [
         ({"ids": []}, "ids: must not be empty"),
         ({"ids": "101 102"}, "ids: must be a list of token ids"),
-        ({"ids": [101, "x"]}, "ids: item [1] is 'x', not a token id"),
-        ({"ids": [[101], [-1]]}, "ids: item [1][0] is -1, not a token id"),
-        ({"ids": [[101], 102]}, "ids: item [1] is 102, not a list"),
-        ({"ids": [101, 1.5]}, "ids: item [1] is 1.5"),
-        ({"ids": [[101], [102, 30522]]}, "ids: item [1][1] is 30522, past this model's vocabulary (30522 tokens"),
-        ({"ids": [2**63 - 1]}, f"item [0] is {2**63 - 1}, past this model's vocabulary"),
-        ({"ids": [2**70]}, "ids: item [0] is"),  # past 64 bits, a JSON reader's float
+        ({"ids": [101, "x"]}, "ids[1] is 'x', not a token id"),
+        ({"ids": [[101], [-1]]}, "ids[1][0] is -1, not a token id"),
+        ({"ids": [[101], 102]}, "ids[1] is 102, not a list"),
+        ({"ids": [101, 1.5]}, "ids[1] is 1.5"),
+        ({"ids": [[101], [102, 30522]]}, "ids[1][1] is 30522, past this model's vocabulary (30522 tokens"),
+        ({"ids": [2**63 - 1]}, f"ids[0] is {2**63 - 1}, past this model's vocabulary"),
+        ({"ids": [2**70]}, "ids[0] is"),  # past 64 bits, a JSON reader's float
         ({"ids": [101], "skip_special_tokens": "yes"}, "skip_special_tokens"),
         ({}, "ids: field required"),
     ],

@@ -36,7 +36,11 @@ scalars = st.one_of(
     texts,
 )
 token_ids = st.lists(st.one_of(st.integers(-2, 30530), st.sampled_from([0, 100, 101, 102, 2**31])), max_size=6)
-WELL_FORMED = {"/decode": token_ids | st.lists(token_ids, min_size=1, max_size=3)}
+WELL_FORMED = {
+    "/decode": token_ids | st.lists(token_ids, min_size=1, max_size=3),
+    # TEI's /embed takes token ids too: alone, or among the texts
+    "/embed": texts | token_ids | st.lists(texts | token_ids, min_size=1, max_size=3),
+}
 values = st.recursive(
     scalars,
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=3),

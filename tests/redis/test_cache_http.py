@@ -48,6 +48,11 @@ def test_local_hits_are_identical_and_skip_the_queue(local_cache_server):
     assert dispatched(url) == queued + 1  # only the miss went to a pool
     raw = httpx.post(url + "/embed", json={"inputs": TEXTS[:1], "normalize": False}).json()
     assert raw != first.json()[:1]  # normalize is part of the key
+    ids = {"inputs": [101, 17053, 2094, 3160, 2028, 102]}  # the first text's token ids: a key of their own
+    assert httpx.post(url + "/embed", json=ids).headers["x-compute-type"] == "cpu"
+    cached_ids = httpx.post(url + "/embed", json=ids)
+    assert cached_ids.headers["x-compute-type"] == "cache"
+    np.testing.assert_allclose(cached_ids.json(), first.json()[:1], atol=1e-6)
 
 
 def test_cache_control_keeps_a_request_out_of_the_cache(local_cache_server):

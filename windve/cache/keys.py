@@ -24,8 +24,12 @@ def key_prefix(model: str, revision: str, normalize: bool, truncate: bool) -> by
     return f"{KEY_NAMESPACE}:{parts[0]}:{parts[1]}:n{int(normalize)}:t{int(truncate)}:".encode()
 
 
-def text_digest(text: str) -> bytes:
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest().encode()
+def text_digest(text: str | list[int]) -> bytes:
+    """A text's digest; token ids (TEI's /embed takes them) are digested as their decimal list,
+    behind a mark no text's digest has, so no text and no list of ids share a key."""
+    if isinstance(text, str):
+        return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest().encode()
+    return b"ids-" + hashlib.sha256(",".join(map(str, text)).encode()).hexdigest().encode()
 
 
 def cache_key(model: str, revision: str, normalize: bool, truncate: bool, text: str) -> bytes:
@@ -33,7 +37,7 @@ def cache_key(model: str, revision: str, normalize: bool, truncate: bool, text: 
 
 
 def cache_keys(
-    model: str, revision: str, normalize: bool, truncate: bool, texts: Iterable[str]
+    model: str, revision: str, normalize: bool, truncate: bool, texts: Iterable[str | list[int]]
 ) -> list[bytes]:
     """Keys of a whole request: the prefix is built once."""
     prefix = key_prefix(model, revision, normalize, truncate)

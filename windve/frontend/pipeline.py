@@ -22,9 +22,10 @@ from windve.frontend import metrics
 from windve.frontend.context import FrontEnd
 from windve.frontend.errors import BACKEND, OVERLOADED, TOO_LARGE, UNHEALTHY, VALIDATION, ApiError
 from windve.prompts import default_prompt, prompt_text
-from windve.tokenizer import InputTooLong
+from windve.tokenizer import InputTooLong, NotInVocabulary
 
-INLINE_TOKENIZE_CHARS = 16_384  # below this many characters a request is tokenized on the loop
+INLINE_TOKENIZE_CHARS = 16_384  # below this many characters (or token ids) a request is tokenized on the loop
+Input = str | list[int]  # a text, or the model's token ids of one (TEI's /embed takes either)
 ARRIVED = "windve.arrived"  # scope key: time.perf_counter() when the request's bytes arrived (event_loop.py)
 GATE_PASS = "windve.gate_pass"  # scope key: the overload gate's pass of a request it let through (gate.py)
 BUSY_ANSWERED = "windve.busy_answered"  # scope key: answered BUSY (the HTTP protocol parks the connection)
@@ -58,7 +59,7 @@ class EmbeddingPipeline:
         self.cache = cache
         self.default_prompt = default_prompt(runtime.spec, self.settings)
 
-    def check_inputs(self, texts: Sequence[str], field: str) -> None:
+    def check_inputs(self, texts: Sequence[Input], field: str) -> None:
         if not texts:
             raise ApiError(422, f"{field} must not be empty", VALIDATION, param=field)
         limit = self.settings.max_client_batch_size
@@ -71,13 +72,15 @@ class EmbeddingPipeline:
             )
         for index, text in enumerate(texts):
             if not text:
-                raise ApiError(422, f"{field}[{index}] is an empty string", VALIDATION, param=field)
+                what = "an empty string" if isinstance(text, str) else "an empty list of token ids"
+                raise ApiError(422, f"{field}[{index}] is {what}", VALIDATION, param=field)
 
-    def prompted(self, texts: Sequence[str], prompt_name: str | None) -> Sequence[str]:
+    def prompted(self, texts: Sequence[Input], prompt_name: str | None) -> Sequence[Input]:
         """`texts` with the prompt `prompt_name` (None: the default one) in front, as
-        sentence-transformers' encode puts it; a 422 for a name the model does not have."""
+        sentence-transformers' encode puts it; a 422 for a name the model does not have. Token
+        ids are the client's own: no prompt goes in front of them."""
         prompt = self.default_prompt if prompt_name is None else self._named_prompt(prompt_name)
-        return [prompt + text for text in texts] if prompt else texts
+        return [prompt + text if isinstance(text, str) else text for text in texts] if prompt else texts
 
     def _named_prompt(self, name: str) -> str:
         try:
@@ -87,7 +90,7 @@ class EmbeddingPipeline:
 
     async def embed(
         self,
-        texts: Sequence[str],
+        texts: Sequence[Input],
         normalize: bool,
         truncate: bool | None,
         request: Request,
@@ -141,20 +144,46 @@ class EmbeddingPipeline:
             metrics.INPUTS.inc(len(texts))
         return Embedded(vectors, tokens, tokenizing, queued, computed, served)
 
-    async def _tokenize(self, texts: Sequence[str], truncate: bool, field: str, side: str) -> list[np.ndarray]:
+    async def _tokenize(self, inputs: Sequence[Input], truncate: bool, field: str, side: str) -> list[np.ndarray]:
         started = time.perf_counter()
         encode = functools.partial(self.runtime.tokenizer.encode, side=side)
+        at = [index for index, item in enumerate(inputs) if isinstance(item, str)]
+        texts: Sequence[str] = inputs if len(at) == len(inputs) else [inputs[index] for index in at]  # type: ignore[assignment]
         try:
-            if sum(len(text) for text in texts) <= INLINE_TOKENIZE_CHARS:
+            if not texts:
+                sequences = []
+            elif sum(len(text) for text in texts) <= INLINE_TOKENIZE_CHARS:
                 sequences = encode(texts, truncate)
             else:
                 sequences = await asyncio.to_thread(encode, texts, truncate)
         except InputTooLong as exc:
-            raise ApiError(422, f"{field}[{exc.index}]: {exc}", VALIDATION, param=field) from None
+            raise ApiError(422, f"{field}[{at[exc.index]}]: {exc.at(at[exc.index])}", VALIDATION, param=field) from None
+        if len(at) < len(inputs):
+            with_ids = functools.partial(self._with_token_ids, inputs, sequences, truncate, side, field)
+            ids = sum(len(item) for item in inputs if not isinstance(item, str))
+            sequences = with_ids() if ids <= INLINE_TOKENIZE_CHARS else await asyncio.to_thread(with_ids)
         metrics.TOKENIZATION_TIME.observe(time.perf_counter() - started)
         return sequences
 
-    def _cache_keys(self, texts: Sequence[str], normalize: bool, truncate: bool, side: str) -> list[bytes] | None:
+    def _with_token_ids(
+        self, inputs: Sequence[Input], encoded: list[np.ndarray], truncate: bool, side: str, field: str
+    ) -> list[np.ndarray]:
+        """The sequences of `inputs` in order: `encoded` for its texts, and its token ids as sent."""
+        texts = iter(encoded)
+        sequences = []
+        for index, item in enumerate(inputs):
+            if isinstance(item, str):
+                sequences.append(next(texts))
+                continue
+            try:
+                sequences.append(self.runtime.tokenizer.sequence_of_ids(item, truncate, side))
+            except InputTooLong as exc:
+                raise ApiError(422, f"{field}[{index}]: {exc.at(index)}", VALIDATION, param=field) from None
+            except NotInVocabulary as exc:
+                raise ApiError(422, f"{field}[{index}]: {exc}", VALIDATION, param=field) from None
+        return sequences
+
+    def _cache_keys(self, texts: Sequence[Input], normalize: bool, truncate: bool, side: str) -> list[bytes] | None:
         if self.cache is None:
             return None
         identity = self._vector_identity

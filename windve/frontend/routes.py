@@ -80,8 +80,8 @@ async def _request_body(request: Request, model: type[BodyModel]) -> BodyModel:
     return parse(model, await read_json(request, _state(request).settings.max_request_bytes))
 
 
-def _characters(texts: list[str]) -> int:
-    return sum(len(text) for text in texts)
+def _characters(texts: list) -> int:
+    return sum(len(text) for text in texts if isinstance(text, str))  # token ids are no characters
 
 
 def _pipeline(request: Request) -> EmbeddingPipeline:

@@ -47,18 +47,14 @@ class _TeiInputs(BaseModel):
     def texts(self) -> list[str]:
         return as_list(self.inputs)
 
-    @field_validator("inputs", mode="before")
-    @classmethod
-    def _texts_not_token_ids(cls, value: object) -> object:
-        # TEI also takes the model's token ids; here they would be read as a wrong type of text.
-        if _token_ids(value):
-            raise ValueError("token ids are not accepted, only texts")
-        return value
-
 
 class EmbedRequest(_TeiInputs):
     """text-embeddings-inference's `POST /embed`."""
 
+    inputs: StrictStr | list[StrictInt] | list[StrictStr | list[StrictInt]] = Field(  # type: ignore[assignment]
+        description="One text or a list of texts; or, as TEI takes them, the model's token ids (one list of "
+        "them, or such lists among the texts), embedded as they are: no special tokens are added"
+    )
     normalize: StrictBool = Field(True, description="Scale each embedding to unit length")
     truncate: StrictBool | None = Field(
         None, description="Cut inputs longer than the model's limit (default: the server's setting)"
@@ -76,11 +72,44 @@ class EmbedRequest(_TeiInputs):
             raise ValueError(f"{value!r} is neither 'left' nor 'right'")
         return None if value is None else value.lower()
 
+    @property
+    def texts(self) -> list[str | list[int]]:  # type: ignore[override]
+        inputs = self.inputs
+        one = isinstance(inputs, str) or (bool(inputs) and _is_token_id(inputs[0]))
+        return [inputs] if one else inputs  # type: ignore[list-item, return-value]
+
+    @field_validator("inputs", mode="before")
+    @classmethod
+    def _texts_or_token_ids(cls, value: object) -> object:
+        # The union's own errors name its alternatives, not the item that is wrong.
+        if isinstance(value, str):
+            return value
+        if not isinstance(value, list):
+            raise ValueError("must be a text, a list of texts, or token ids")
+        if value and all(_is_token_id(item) for item in value):  # one input's token ids
+            for index, token in enumerate(value):
+                _check_token_id(token, f"[{index}]")
+            return value
+        for index, item in enumerate(value):
+            if isinstance(item, list):
+                for inner, token in enumerate(item):
+                    _check_token_id(token, f"[{index}][{inner}]")
+            elif not isinstance(item, str):
+                raise ValueError(f"[{index}] is {_shown(item)}, not a text or a list of token ids")
+        return value
+
 
 class TokenizeRequest(_TeiInputs):
     """text-embeddings-inference's `POST /tokenize`."""
 
     add_special_tokens: StrictBool = Field(True, description="Include the model's special tokens ([CLS], [SEP])")
+
+    @field_validator("inputs", mode="before")
+    @classmethod
+    def _texts_not_token_ids(cls, value: object) -> object:
+        if _token_ids(value):
+            raise ValueError("token ids are not accepted, only texts (/embed takes them; /decode turns them into text)")
+        return value
 
 
 class DecodeRequest(BaseModel):
@@ -109,9 +138,9 @@ class DecodeRequest(BaseModel):
             for inner, token in enumerate(item) if nested and isinstance(item, list) else [(None, item)]:
                 where = f"[{index}]" if inner is None else f"[{index}][{inner}]"
                 if nested and inner is None:
-                    raise ValueError(f"item {where} is {_shown(item)}, not a list: nest every sequence or none")
+                    raise ValueError(f"{where} is {_shown(item)}, not a list: nest every sequence or none")
                 if not _is_token_id(token) or token < 0:
-                    raise ValueError(f"item {where} is {_shown(token)}, not a token id (an integer >= 0)")
+                    raise ValueError(f"{where} is {_shown(token)}, not a token id (an integer >= 0)")
         return value
 
 
@@ -159,6 +188,11 @@ class OpenAIEmbeddingRequest(BaseModel):
 
 def _is_token_id(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_token_id(token: object, where: str) -> None:
+    if not _is_token_id(token) or token < 0:  # type: ignore[operator]
+        raise ValueError(f"{where} is {_shown(token)}, not a token id (an integer >= 0)")
 
 
 def _shown(value: object) -> str:
@@ -248,6 +282,8 @@ def describe(exc: ValidationError) -> str:
             return f"{loc[0]}: field required"
     loc = [str(part) for part in first["loc"] if part not in ("str", "list[str]")]
     message = first["msg"].removeprefix("Value error, ")  # pydantic's prefix for a validator's own message
+    if message.startswith("["):  # a validator's message about one item: "inputs[1] is ..."
+        return f"{'.'.join(loc)}{message}"
     return f"{'.'.join(loc) or 'body'}: {message}"
 
 

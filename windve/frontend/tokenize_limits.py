@@ -106,7 +106,7 @@ def _decoded(tokenizer: TextTokenizer, data: object, limit: int, batch_limit: in
                 where = f"[{inner}]" if not isinstance(body.ids[0], list) else f"[{index}][{inner}]"
                 raise ApiError(
                     422,
-                    f"ids: item {where} is {token}, past this model's vocabulary ({vocabulary} tokens: 0 to "
+                    f"ids{where} is {token}, past this model's vocabulary ({vocabulary} tokens: 0 to "
                     f"{vocabulary - 1})",
                     VALIDATION,
                     param="ids",
