@@ -126,10 +126,10 @@ class TextTokenizer:
         """Token ids a client sent, taken as they are (no special tokens added, as TEI takes them),
         cut to `max_tokens` at `side` when truncating; InputTooLong (its index 0) when not, and
         NotInVocabulary for an id the model does not have."""
-        vocabulary = self.vocabulary_size
-        if max(ids, default=0) >= vocabulary:  # checked as Python ints: a JSON id may pass 64 bits
-            first = next(token for token in ids if token >= vocabulary)
-            raise NotInVocabulary(f"token id {first} is past this model's vocabulary (0 to {vocabulary - 1})")
+        past = self.past_vocabulary(ids)
+        if past is not None:
+            vocabulary = self.vocabulary_size
+            raise NotInVocabulary(f"token id {ids[past]} is past this model's vocabulary (0 to {vocabulary - 1})")
         sequence = np.asarray(ids, dtype=np.int32)
         if len(sequence) > self.max_tokens:
             if not truncate:
@@ -137,6 +137,14 @@ class TextTokenizer:
             side = self._spec.truncation_side if side is None else side
             sequence = sequence[-self.max_tokens :] if side == "left" else sequence[: self.max_tokens]
         return sequence
+
+    def past_vocabulary(self, ids: Sequence[int]) -> int | None:
+        """Where the first id past the model's vocabulary is in `ids` (None: nowhere). Checked as
+        Python ints, before numpy sees them: an id read from JSON may pass 64 bits."""
+        vocabulary = self.vocabulary_size
+        if max(ids, default=0) < vocabulary:
+            return None
+        return next(index for index, token in enumerate(ids) if token >= vocabulary)
 
     @property
     def vocabulary_size(self) -> int:

@@ -56,27 +56,31 @@ async def read_json(request: Request, limit: int) -> Any:
 
 
 def _codings(header: str) -> list[str]:
-    codings = [coding.strip().lower() for coding in header.split(",")]
-    codings = [coding for coding in codings if coding and coding != "identity"]
-    unsupported = [coding for coding in codings if coding not in _CODINGS]
-    if unsupported:
+    codings, unsupported = _listed(header, ("identity",))
+    if unsupported is not None:
         raise ApiError(
-            415, f"Content-Encoding {unsupported[0]!r} is not supported: send the body as is, gzip or deflate",
+            415, f"Content-Encoding {unsupported!r} is not supported: send the body as is, gzip or deflate",
             UNSUPPORTED_ENCODING, headers={"Accept-Encoding": "gzip, deflate"},
         )  # fmt: skip
     return codings
 
 
 def _transfer_codings(header: str) -> list[str]:
-    codings = [coding.strip().lower() for coding in header.split(",")]
-    codings = [coding for coding in codings if coding and coding not in ("chunked", "identity")]
-    unsupported = [coding for coding in codings if coding not in _CODINGS]
-    if unsupported:
+    codings, unsupported = _listed(header, ("chunked", "identity"))
+    if unsupported is not None:
         raise ApiError(
-            501, f"Transfer-Encoding {unsupported[0]!r} is not supported: send the body chunked, gzip or deflate",
+            501, f"Transfer-Encoding {unsupported!r} is not supported: send the body chunked, gzip or deflate",
             NOT_IMPLEMENTED,
         )  # fmt: skip
     return codings
+
+
+def _listed(header: str, ignored: tuple[str, ...]) -> tuple[list[str], str | None]:
+    """The codings a header lists, lowercased, `ignored` left out; and the first of them this
+    server cannot decode (None: it decodes them all)."""
+    codings = [coding for coding in (part.strip().lower() for part in header.split(",")) if coding]
+    codings = [coding for coding in codings if coding not in ignored]
+    return codings, next((coding for coding in codings if coding not in _CODINGS), None)
 
 
 def _decoded(body: bytes, coding: str, limit: int) -> bytes:

@@ -33,6 +33,11 @@ LANE_WAIT = "windve.lane_wait"  # scope key: the request waited in its socket in
 CLOSE = {"Connection": "close"}  # an answer's header: the connection closes after it
 
 
+def too_many_inputs(count: int, limit: int, field: str) -> ApiError:
+    """A request of more inputs than `max_client_batch_size` (`limit`): TEI's 413 and its words."""
+    return ApiError(413, f"batch size {count} > maximum allowed batch size {limit}", TOO_LARGE, param=field)
+
+
 class ClientGone(Exception):
     """The client closed the connection before its answer was ready."""
 
@@ -64,12 +69,7 @@ class EmbeddingPipeline:
             raise ApiError(422, f"{field} must not be empty", VALIDATION, param=field)
         limit = self.settings.max_client_batch_size
         if len(texts) > limit:
-            raise ApiError(
-                413,
-                f"batch size {len(texts)} > maximum allowed batch size {limit}",
-                TOO_LARGE,
-                param=field,
-            )
+            raise too_many_inputs(len(texts), limit, field)
         for index, text in enumerate(texts):
             if not text:
                 what = "an empty string" if isinstance(text, str) else "an empty list of token ids"
@@ -121,6 +121,7 @@ class EmbeddingPipeline:
         tokenizing = time.perf_counter()
         sequences = await self._tokenize(texts, truncate, field, side)  # all of them: usage counts every token
         tokenizing = time.perf_counter() - tokenizing
+        metrics.TOKENIZATION_TIME.observe(tokenizing)
         tokens = sum(len(seq) for seq in sequences)
         queued, computed, served = 0.0, 0.0, "cache"
         count = counted(request)
@@ -145,7 +146,6 @@ class EmbeddingPipeline:
         return Embedded(vectors, tokens, tokenizing, queued, computed, served)
 
     async def _tokenize(self, inputs: Sequence[Input], truncate: bool, field: str, side: str) -> list[np.ndarray]:
-        started = time.perf_counter()
         encode = functools.partial(self.runtime.tokenizer.encode, side=side)
         at = [index for index, item in enumerate(inputs) if isinstance(item, str)]
         texts: Sequence[str] = inputs if len(at) == len(inputs) else [inputs[index] for index in at]  # type: ignore[assignment]
@@ -162,7 +162,6 @@ class EmbeddingPipeline:
             with_ids = functools.partial(self._with_token_ids, inputs, sequences, truncate, side, field)
             ids = sum(len(item) for item in inputs if not isinstance(item, str))
             sequences = with_ids() if ids <= INLINE_TOKENIZE_CHARS else await asyncio.to_thread(with_ids)
-        metrics.TOKENIZATION_TIME.observe(time.perf_counter() - started)
         return sequences
 
     def _with_token_ids(

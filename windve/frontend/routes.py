@@ -184,10 +184,9 @@ async def tokenize(request: Request) -> Response:
 )
 async def decode(request: Request) -> Response:
     async def handle() -> Response:
-        state = _state(request)
-        data = await read_json(request, state.settings.max_request_bytes)
+        settings = _state(request).settings
+        data = await read_json(request, settings.max_request_bytes)
         tokenizer = _pipeline(request).runtime.tokenizer
-        settings = state.settings
         answer = await decode_within_limits(
             tokenizer, data, settings.max_tokenize_tokens, settings.max_client_batch_size
         )

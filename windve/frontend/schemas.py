@@ -135,12 +135,13 @@ class DecodeRequest(BaseModel):
             raise ValueError("must not be empty")
         nested = isinstance(value[0], list)
         for index, item in enumerate(value):
-            for inner, token in enumerate(item) if nested and isinstance(item, list) else [(None, item)]:
-                where = f"[{index}]" if inner is None else f"[{index}][{inner}]"
-                if nested and inner is None:
-                    raise ValueError(f"{where} is {_shown(item)}, not a list: nest every sequence or none")
-                if not _is_token_id(token) or token < 0:
-                    raise ValueError(f"{where} is {_shown(token)}, not a token id (an integer >= 0)")
+            if not nested:
+                _check_token_id(item, f"[{index}]")
+            elif not isinstance(item, list):
+                raise ValueError(f"[{index}] is {_shown(item)}, not a list: nest every sequence or none")
+            else:
+                for inner, token in enumerate(item):
+                    _check_token_id(token, f"[{index}][{inner}]")
         return value
 
 

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 import orjson
 
 from windve.frontend.errors import OVERLOADED, TOO_LARGE, VALIDATION, ApiError
+from windve.frontend.pipeline import too_many_inputs
 from windve.frontend.schemas import DecodeRequest, parse
 from windve.tokenizer import TextTokenizer
 
@@ -85,9 +86,7 @@ def _decoded(tokenizer: TextTokenizer, data: object, limit: int, batch_limit: in
     if isinstance(ids, list):  # counted before the items are checked one by one
         nested = bool(ids) and isinstance(ids[0], list)
         if nested and len(ids) > batch_limit:
-            raise ApiError(
-                413, f"batch size {len(ids)} > maximum allowed batch size {batch_limit}", TOO_LARGE, param="ids"
-            )
+            raise too_many_inputs(len(ids), batch_limit, "ids")
         total = sum(len(item) if isinstance(item, list) else 1 for item in ids) if nested else len(ids)
         if total > limit:
             raise ApiError(
@@ -97,18 +96,16 @@ def _decoded(tokenizer: TextTokenizer, data: object, limit: int, batch_limit: in
                 param="ids",
             )
     body = parse(DecodeRequest, data)
-    vocabulary = tokenizer.vocabulary_size
     for index, sequence in enumerate(body.sequences):
-        if max(sequence, default=-1) < vocabulary:
-            continue
-        for inner, token in enumerate(sequence):
-            if token >= vocabulary:
-                where = f"[{inner}]" if not isinstance(body.ids[0], list) else f"[{index}][{inner}]"
-                raise ApiError(
-                    422,
-                    f"ids{where} is {token}, past this model's vocabulary ({vocabulary} tokens: 0 to "
-                    f"{vocabulary - 1})",
-                    VALIDATION,
-                    param="ids",
-                )
+        inner = tokenizer.past_vocabulary(sequence)
+        if inner is not None:
+            vocabulary = tokenizer.vocabulary_size
+            where = f"[{inner}]" if not isinstance(body.ids[0], list) else f"[{index}][{inner}]"
+            raise ApiError(
+                422,
+                f"ids{where} is {sequence[inner]}, past this model's vocabulary ({vocabulary} tokens: 0 to "
+                f"{vocabulary - 1})",
+                VALIDATION,
+                param="ids",
+            )
     return orjson.dumps(tokenizer.decode(body.sequences, body.skip_special_tokens))
