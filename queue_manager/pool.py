@@ -92,7 +92,7 @@ class Request:
         self.computed += computed
         if not self.served:
             self.served = pool
-        elif pool not in self.served.split("+"):
+        elif pool != self.served and pool not in self.served.split("+"):  # one pool, mostly: no split
             self.served += "+" + pool
 
     def timing(self) -> tuple[float, float, str]:
