@@ -7,12 +7,16 @@ Drawn on a bare matplotlib Figure with the Agg canvas: no pyplot global state, n
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from estimator.calibration import Calibration, PoolCalibration
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 _SLO_COLORS = ("tab:red", "tab:purple", "tab:brown", "tab:olive")
 
@@ -22,7 +26,7 @@ def _finite(values: list[float]) -> np.ndarray:
     return np.where(np.isfinite(array), array, np.nan)
 
 
-def _draw_pool(axes, name: str, pool: PoolCalibration, query_tokens: int) -> None:
+def _draw_pool(axes: Axes, name: str, pool: PoolCalibration, query_tokens: int) -> None:
     concurrency = [s.concurrency for s in pool.samples]
     worst = _finite([s.max for s in pool.samples])
     axes.scatter(concurrency, _finite([s.p99 for s in pool.samples]), color="tab:blue", label="p99", zorder=3)
@@ -57,7 +61,7 @@ def _draw_pool(axes, name: str, pool: PoolCalibration, query_tokens: int) -> Non
     axes.legend(fontsize="small")
 
 
-def _draw_lengths(axes, name: str, pool: PoolCalibration) -> None:
+def _draw_lengths(axes: Axes, name: str, pool: PoolCalibration) -> None:
     """Latency against charged tokens in flight, C*charge(L): every length falls on one line."""
     fit = pool.length_fit
     assert fit is not None

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import math
 import time
+from typing import TYPE_CHECKING
 
 from prometheus_client import Counter, Enum, Gauge, Histogram
 
 from queue_manager.depth_control import CAUSES, NEAR_SLO, OVER_SLO, ROOM, SEEDED
+
+if TYPE_CHECKING:
+    from queue_manager.manager import QueueManager
+    from queue_manager.pool import Pool
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -69,7 +74,7 @@ LAST_MOVE_AT = Gauge(
 class PoolMetrics:
     """The pool's metric children, looked up once: labels() costs more than the update."""
 
-    def __init__(self, pool, manager) -> None:  # Pool and QueueManager; untyped to avoid an import cycle
+    def __init__(self, pool: Pool, manager: QueueManager) -> None:
         name = pool.name
         self.dispatched = DISPATCHED.labels(name)
         self.failovers = FAILOVERS.labels(name)
@@ -113,7 +118,7 @@ class PoolMetrics:
         self._last_move_at.set(time.time())
 
 
-def _fit_part(pool, name: str) -> float:
+def _fit_part(pool: Pool, name: str) -> float:
     fit = pool.control.current_fit
     return getattr(fit, name) if fit is not None else math.nan
 

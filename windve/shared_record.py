@@ -20,6 +20,7 @@ own locking between these statements orders them in practice.
 
 from __future__ import annotations
 
+import mmap
 import struct
 import time
 
@@ -35,7 +36,7 @@ class TornRead(RuntimeError):
 class SharedRecord:
     """`layout`'s fields at the start of `buffer` (an mmap), behind their sequence number."""
 
-    def __init__(self, buffer, layout: struct.Struct) -> None:
+    def __init__(self, buffer: mmap.mmap, layout: struct.Struct) -> None:
         self._buffer = buffer
         self._layout = layout
         self._last: tuple | None = None  # the last whole record this reader read

@@ -14,12 +14,18 @@ import logging
 import signal
 import sys
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import uvicorn
 
 from windve.commands.settings_flags import add_settings_flags, settings_from_args
 from windve.frontend.server import FrontEndServer
 from windve.open_files import raise_open_files
+
+if TYPE_CHECKING:
+    from devices.specs import Plan
+    from windve.probe import Listening
+    from windve.settings import Settings
 
 log = logging.getLogger("windve.serve")
 
@@ -40,7 +46,7 @@ class DrainingServer(FrontEndServer):
 
     Once it listens, it tells `listening` where: the warm-up probe goes there."""
 
-    def __init__(self, config: uvicorn.Config, listening=None) -> None:  # windve.probe.Listening
+    def __init__(self, config: uvicorn.Config, listening: Listening | None = None) -> None:
         super().__init__(config)
         self.listening = listening
 
@@ -57,7 +63,7 @@ class DrainingServer(FrontEndServer):
         super().handle_exit(sig, frame)
 
 
-def front_end_processes(settings, plan) -> tuple[int, tuple[int, ...]]:
+def front_end_processes(settings: Settings, plan: Plan) -> tuple[int, tuple[int, ...]]:
     """How many front-end processes, and the service cores they (and the dispatcher) share.
 
     The service cores are the reserved ones less the accelerators' feeding cores. Without an
@@ -114,7 +120,7 @@ def _drain_is_a_clean_exit(server: uvicorn.Server) -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def _serve_in_one_process(settings) -> int:
+def _serve_in_one_process(settings: Settings) -> int:
     from windve.frontend.app import create_app
     from windve.frontend.process import uvicorn_config
     from windve.listeners import cannot_listen, listen

@@ -22,6 +22,7 @@ import socket
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -31,6 +32,11 @@ from windve.dispatcher.board import DEGRADED, OK, STARTING, UNAVAILABLE, StateBo
 from windve.dispatcher.link import FrameLink
 from windve.probe import Address
 
+if TYPE_CHECKING:
+    from queue_manager.manager import QueueManager
+    from queue_manager.pool import Request
+    from windve.service import Runtime
+
 _GONE = {"status": messages.UNAVAILABLE, "message": "the dispatcher has gone", "retry_after": 1.0}
 HEALTH_NAMES = {STARTING: "starting", DEGRADED: "degraded", OK: "ok", UNAVAILABLE: "unhealthy"}
 CONTROL_TIMEOUT = 5.0  # /info and /metrics answers from the dispatcher
@@ -39,7 +45,7 @@ CONTROL_TIMEOUT = 5.0  # /info and /metrics answers from the dispatcher
 class LocalTicket:
     """A request admitted by the in-process queue manager."""
 
-    def __init__(self, qm, request, waited: float) -> None:  # queue_manager.manager.QueueManager, pool.Request
+    def __init__(self, qm: QueueManager, request: Request, waited: float) -> None:
         self._qm = qm
         self._request = request
         self.future = request.future
@@ -60,7 +66,7 @@ class LocalTicket:
 class LocalDispatcher:
     """The dispatcher in the front end's own process (one front end)."""
 
-    def __init__(self, runtime) -> None:  # windve.service.Runtime
+    def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
 
     def check_room(self, wanted: int, promised: int = 0) -> None:

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 import msgpack
 import numpy as np
 
+from windve.engine_process.wire import Buffer
+
 EMBED, CANCEL, INFO, METRICS = "embed", "cancel", "info", "metrics"
 SERVING = "serving"  # a front end can answer /embed now (no answer): the warm-up probe waits for every one
 # A front end's answered requests (no answer), each with its time from its bytes' arrival to the
@@ -28,7 +30,7 @@ def pack(header: dict) -> bytes:
     return msgpack.packb(header)
 
 
-def unpack(frame) -> dict:
+def unpack(frame: Buffer) -> dict:
     return msgpack.unpackb(frame)
 
 
@@ -39,7 +41,7 @@ def pack_sequences(sequences: Sequence[np.ndarray]) -> tuple[bytes, bytes]:
     return lengths.tobytes(), ids.tobytes()
 
 
-def unpack_sequences(lengths_bytes, ids_bytes) -> list[np.ndarray]:
+def unpack_sequences(lengths_bytes: Buffer, ids_bytes: Buffer) -> list[np.ndarray]:
     """The inverse of pack_sequences: views on the received buffer, no copy.
 
     Sliced in Python: most requests carry one text or a few, where numpy's split and sums cost
@@ -57,7 +59,7 @@ def unpack_sequences(lengths_bytes, ids_bytes) -> list[np.ndarray]:
     return sequences
 
 
-def unpack_vectors(data, count: int, dim: int) -> np.ndarray:
+def unpack_vectors(data: Buffer, count: int, dim: int) -> np.ndarray:
     """A writable float32 [count, dim] copy: the front end normalizes it in place."""
     return np.frombuffer(data, dtype=np.float32, count=count * dim).reshape(count, dim).copy()
 

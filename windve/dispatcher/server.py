@@ -246,7 +246,7 @@ class DispatcherServer:
     def _answer(self, client: bytes, request_id: int, status: str, *, message: str, retry: float = 1.0) -> None:
         self._send(client, {"id": request_id, "status": status, "message": message, "retry_after": retry})
 
-    def _send(self, client: bytes, header: dict, payload=None) -> None:
+    def _send(self, client: bytes, header: dict, payload: bytes | None = None) -> None:
         link = self._links.get(client)
         if link is None or link.closed:  # the front end has gone: nobody would read it
             return

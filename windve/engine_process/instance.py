@@ -21,6 +21,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from multiprocessing.connection import wait
+from pathlib import Path
 
 import numpy as np
 from prometheus_client import Histogram
@@ -91,7 +92,7 @@ class EngineProcessInstance:
         engine: str = "torch",
         dtype: str = "fp32",
         max_batch_tokens: int | None = None,
-        onnx_cache_dir=None,
+        onnx_cache_dir: str | Path | None = None,
         start_timeout: float = 120,
         reduce_timeout: float = 10.0,
         batch_timeout: float = 300.0,

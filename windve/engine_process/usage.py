@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import REGISTRY
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 _TICKS = os.sysconf("SC_CLK_TCK")
@@ -37,7 +37,7 @@ class EngineUsageCollector:
     def __init__(self) -> None:
         self.sources: dict[int, EngineProcesses] = {}
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         rss = GaugeMetricFamily(
             "windve_engine_rss_bytes", "Resident memory of an engine process", labels=["engine", "rank"]
         )

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 import numpy as np
 
 HEADER = struct.Struct("<IIIIQ")
+# What a message arrives in: bytes from recv_bytes, or a view on a reused receive buffer.
+Buffer = bytes | bytearray | memoryview
 EMBED, STOP, RESULT, ERROR, READY = 1, 2, 3, 4, 5
 
 
@@ -34,13 +36,13 @@ def encode_stop() -> bytes:
     return HEADER.pack(STOP, 0, 0, 0, 0)
 
 
-def message_kind(buffer) -> tuple[int, int]:
+def message_kind(buffer: Buffer) -> tuple[int, int]:
     """(kind, request id) of any message."""
     kind, _, _, _, request_id = HEADER.unpack_from(buffer)
     return kind, request_id
 
 
-def decode_request(buffer) -> tuple[np.ndarray, np.ndarray]:
+def decode_request(buffer: Buffer) -> tuple[np.ndarray, np.ndarray]:
     """EMBED body -> (lengths, ids), views on `buffer` (no copy)."""
     _, count, _, _, _ = HEADER.unpack_from(buffer)
     lengths = np.frombuffer(buffer, np.int32, count, HEADER.size)
@@ -65,11 +67,11 @@ def encode_result(request_id: int, embeddings: np.ndarray, compute_seconds: floa
     return HEADER.pack(RESULT, count, dim, micros, request_id) + body
 
 
-def result_compute_seconds(buffer) -> float:
+def result_compute_seconds(buffer: Buffer) -> float:
     return HEADER.unpack_from(buffer)[3] / 1e6
 
 
-def decode_result(buffer) -> np.ndarray:
+def decode_result(buffer: Buffer) -> np.ndarray:
     """RESULT -> a writable float32 [count, dim] array."""
     _, count, dim, _, _ = HEADER.unpack_from(buffer)
     return np.frombuffer(buffer, np.float32, count * dim, HEADER.size).reshape(count, dim).copy()
@@ -79,5 +81,5 @@ def encode_json(kind: int, request_id: int, payload: dict) -> bytes:
     return HEADER.pack(kind, 0, 0, 0, request_id) + json.dumps(payload).encode()
 
 
-def decode_json(buffer) -> dict:
+def decode_json(buffer: Buffer) -> dict:
     return json.loads(bytes(buffer[HEADER.size :]).decode())

@@ -48,7 +48,13 @@ from windve.model import ModelSpec, pad_token_id
 from windve.parent_death import signal_at_parent_death
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import numpy as np
+    import torch
+
+    from windve.cpu.allreduce import GroupComm
+    from windve.engine_process.wire import Buffer
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
@@ -214,7 +220,7 @@ class EngineServer:
         staged.put(None)
 
 
-def _torch_all_reduce(comm):
+def _torch_all_reduce(comm: GroupComm) -> Callable[[torch.Tensor], torch.Tensor]:
     import torch
 
     def all_reduce(partial: torch.Tensor) -> torch.Tensor:
@@ -255,13 +261,13 @@ class RankServer:
             _report(self.conn, wire.encode_json(wire.ERROR, 0, {"message": _describe(error), "fatal": True}))
             sys.exit(1)
 
-    def _embed(self, buffer) -> np.ndarray:
+    def _embed(self, buffer: Buffer) -> np.ndarray:
         from windve.engine_process import wire
 
         lengths, ids = wire.decode_request(buffer)
         return self.model.embed(*wire.pad_ids(lengths, ids, self.model.shapes.pad_id))
 
-    def _invalid(self, buffer) -> str | None:
+    def _invalid(self, buffer: Buffer) -> str | None:
         """Checked before the broadcast, so a bad batch fails alone and the group stays in step."""
         from windve.engine_process import wire
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from windve.engines.base import Engine
 from windve.model import ModelSpec
 
@@ -26,7 +28,7 @@ def resolve_dtype(dtype: str, device: str, engine: str = "torch") -> str:
 
 
 def create_engine(
-    spec: ModelSpec, engine: str, device: str, dtype: str, cache_dir=None, threads: int | None = None
+    spec: ModelSpec, engine: str, device: str, dtype: str, cache_dir: Path | None = None, threads: int | None = None
 ) -> Engine:
     """`threads` sizes onnxruntime's own pool; torch's is process-wide (torch.set_num_threads)."""
     dtype = resolve_dtype(dtype, device, engine)

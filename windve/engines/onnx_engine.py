@@ -12,10 +12,14 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from windve.model import ModelSpec
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +106,7 @@ def export_and_fuse(spec: ModelSpec, target: Path, dtype: str) -> Path:
 class _HiddenStates:
     """Positional (ids, mask) -> last hidden state: the graph signature the engine feeds."""
 
-    def __new__(cls, model):
+    def __new__(cls, model: torch.nn.Module) -> torch.nn.Module:
         import torch
 
         class Wrapper(torch.nn.Module):
@@ -110,7 +114,7 @@ class _HiddenStates:
                 super().__init__()
                 self.model = model
 
-            def forward(self, input_ids, attention_mask):
+            def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
                 return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
         return Wrapper().eval()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
+from types import ModuleType
 
 import numpy as np
 import torch
@@ -58,7 +59,7 @@ class Staged:
 STREAM_DEVICES = ("cuda", "npu")
 
 
-def stream_module(device: torch.device):
+def stream_module(device: torch.device) -> ModuleType | None:
     """torch.cuda or torch.npu for a device that copies on a stream of its own; None on a CPU."""
     return torch.get_device_module(device.type) if device.type in STREAM_DEVICES else None
 

@@ -33,7 +33,7 @@ RuntimeFactory = Callable[[Settings], Awaitable[FrontEnd]]
 def create_app(
     settings: Settings,
     start_runtime: RuntimeFactory = start_local_front_end,
-    on_fatal=None,
+    on_fatal: Callable[[str], None] | None = None,
     listening: Listening | None = None,
     heartbeat_fd: int | None = None,
 ) -> FastAPI:
@@ -86,7 +86,8 @@ def create_app(
 
 
 async def _start(
-    app: FastAPI, settings: Settings, start_runtime: RuntimeFactory, on_fatal, listening: Listening | None
+    app: FastAPI, settings: Settings, start_runtime: RuntimeFactory, on_fatal: Callable[[str], None] | None,
+    listening: Listening | None,
 ) -> None:
     try:
         runtime = await start_runtime(settings)

@@ -3,6 +3,7 @@ client of the dispatcher (in this process, or in the `windve serve` parent)."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,7 +41,9 @@ async def start_local_front_end(settings: Settings) -> FrontEnd:
     return FrontEnd(settings, runtime.spec, runtime.tokenizer, LocalDispatcher(runtime), runtime.dtype)
 
 
-def remote_front_end_factory(address: str, board: Path, spec: ModelSpec):
+def remote_front_end_factory(
+    address: str, board: Path, spec: ModelSpec
+) -> Callable[[Settings], Awaitable[FrontEnd]]:
     """A factory for front ends of a dispatcher in another process, which read `spec`."""
 
     async def start(settings: Settings) -> FrontEnd:

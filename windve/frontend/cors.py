@@ -68,7 +68,7 @@ def cors_policy(origins: tuple[str, ...]) -> CorsPolicy | None:
     return CorsPolicy(origins) if origins else None
 
 
-def policy_of(settings) -> CorsPolicy | None:
+def policy_of(settings: object) -> CorsPolicy | None:
     """The policy of `settings` (None for settings without one, as a test's stand-in app has)."""
     return cors_policy(tuple(getattr(settings, "cors_allow_origins", None) or ()))
 

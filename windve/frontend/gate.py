@@ -28,10 +28,13 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING
 
+from starlette.datastructures import State
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
 from queue_manager.depth_control import DEFAULT_HEADROOM
 from queue_manager.protocol import Busy, Unavailable
@@ -42,7 +45,14 @@ from windve.frontend.fallbacks import internal_error
 from windve.frontend.pipeline import ARRIVED, BUSY_ANSWERED, GATE_PASS, LANE_WAIT, refusal, release_pass
 from windve.frontend.routes import DIRECT_ROUTES, EMBEDDING_ROUTES
 
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from windve.dispatcher.client import LocalDispatcher, RemoteDispatcher
+
 log = logging.getLogger(__name__)
+# A request's headers as ASGI gives them: (lower-case name, value) byte pairs.
+Headers = Iterable[tuple[bytes, bytes]]
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 
@@ -71,14 +81,14 @@ class OverloadGate:
     """The ASGI side of the gate. The HTTP protocol (http_protocol.py) asks the same question
     earlier, before it starts a request task, and answers from a cache of rendered refusals."""
 
-    def __init__(self, app, direct: Mapping[str, Endpoint] | None = None) -> None:  # the FastAPI app
+    def __init__(self, app: FastAPI, direct: Mapping[str, Endpoint] | None = None) -> None:
         self.app = app
         # POST routes called straight, without the app's routing and middleware (routes.DIRECT_ROUTES).
         self.direct = dict(direct or {})
         self.passes = 0  # requests let through and not yet at their room check
 
     @property
-    def state(self):
+    def state(self) -> State:
         return self.app.state
 
     def lane_budget(self) -> float:
@@ -96,7 +106,7 @@ class OverloadGate:
         headroom = slo * DEFAULT_HEADROOM
         return headroom if tail is None else max(headroom, slo - tail)
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         endpoint = None
         if scope["type"] == "http" and scope["method"] == "POST":
             if GATE_PASS not in scope:
@@ -114,7 +124,7 @@ class OverloadGate:
         finally:
             release_pass(scope)
 
-    async def _call(self, endpoint: Endpoint, scope, receive, send) -> None:
+    async def _call(self, endpoint: Endpoint, scope: Scope, receive: Receive, send: Send) -> None:
         """Answer with `endpoint` as the app's router would, an unexpected exception with the app's 500."""
         scope["app"] = self.app
         request = Request(scope, receive, send)
@@ -125,7 +135,7 @@ class OverloadGate:
             response = internal_error(request, exc)
         await response(scope, receive, send)
 
-    def refusal(self, path: str, headers, scope: dict) -> ApiError | None:
+    def refusal(self, path: str, headers: Headers, scope: dict) -> ApiError | None:
         """The 429 / 503 for a POST to `path` that the dispatcher has no room for, counted in the
         metrics (answer it with `error.response_for(path)`); None to let the request through,
         with a pass in `scope` when it is one the gate keeps."""
@@ -142,7 +152,7 @@ class OverloadGate:
         _count(route, error)
         return error
 
-    def _refused(self, dispatcher, scope: dict) -> ApiError | None:
+    def _refused(self, dispatcher: LocalDispatcher | RemoteDispatcher, scope: dict) -> ApiError | None:
         if scope.get(LANE_WAIT) and time.perf_counter() - scope[ARRIVED] > self.lane_budget():
             metrics.LATE.inc()
             return ApiError(429, LATE, OVERLOADED, retry_after=1.0)
@@ -165,7 +175,7 @@ def _count(route: str, error: ApiError) -> None:
     requests.inc()
 
 
-def _small(headers) -> bool:
+def _small(headers: Headers) -> bool:
     for name, value in headers:
         if name == b"content-length":
             return value.isdigit() and int(value) <= SMALL_BODY

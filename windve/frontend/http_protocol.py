@@ -38,6 +38,7 @@ from http import HTTPStatus
 
 import httptools
 from starlette.responses import Response
+from starlette.types import ASGIApp
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from windve.frontend.arrival_stamps import stamp_arrivals
@@ -90,7 +91,7 @@ class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
         else:
             super().shutdown()
 
-    def connection_made(self, transport) -> None:  # type: ignore[override]
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         _no_delay(transport)
         self._head = HeadGuard(self.loop, self._head_timed_out)
@@ -486,7 +487,7 @@ def _status_and_headers(response: Response) -> bytes:
 
 
 @functools.lru_cache(maxsize=8)
-def _gate_of(app) -> OverloadGate | None:
+def _gate_of(app: ASGIApp) -> OverloadGate | None:
     """The overload gate under uvicorn's middlewares, if the app is served through one."""
     for _ in range(8):
         if isinstance(app, OverloadGate):
@@ -500,7 +501,7 @@ def _path(url: bytes) -> str:
     return url.split(b"?", 1)[0].decode("latin-1")
 
 
-def _unsent(transport) -> int:
+def _unsent(transport: asyncio.Transport) -> int:
     """Bytes written to `transport` that its client has not yet acknowledged: those the transport
     holds and those in the socket's send queue (SIOCOUTQ), which shrinks as the client reads, while
     the transport's own buffer moves only when the kernel's has room for a third of its size."""
@@ -512,7 +513,7 @@ def _unsent(transport) -> int:
     return size
 
 
-def _no_delay(transport) -> None:
+def _no_delay(transport: asyncio.Transport) -> None:
     """TCP_NODELAY on the connection. asyncio sets it only on sockets it knows for TCP, and neither
     listening socket here is one to it: a front end's comes from a descriptor (uvicorn's `fd`, read
     as AF_UNIX), the one-process serve's from windve/listeners.py (protocol 0). Without it an answer,

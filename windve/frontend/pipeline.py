@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 import numpy as np
 from starlette.requests import Request
+from starlette.types import Scope
 
 from queue_manager.protocol import Busy, QueryFailed, ShuttingDown, Unavailable
 from windve.cache import EmbeddingCache, cache_keys
@@ -262,7 +263,7 @@ def cache_use(cache_control: str | None, pragma: str = "") -> CacheUse:
     return CacheUse(read=not fresh, write="no-store" not in names)
 
 
-def arrival(scope) -> float:
+def arrival(scope: Scope) -> float:
     """time.perf_counter() when the request's bytes arrived, as the HTTP protocol stamped it (now
     where nothing stamped it)."""
     stamp = scope.get(ARRIVED)
@@ -274,7 +275,7 @@ def counted(request: Request) -> bool:
     return WARM_UP_HEADER not in request.headers
 
 
-def release_pass(scope) -> None:
+def release_pass(scope: Scope) -> None:
     """The request of `scope` is at its own room check, or has ended: the gate's pass stops holding room."""
     held = scope.get(GATE_PASS)
     if held is not None:

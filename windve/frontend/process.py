@@ -20,13 +20,14 @@ import sys
 from pathlib import Path
 
 import uvicorn
+from starlette.types import ASGIApp
 
 from windve.parent_death import signal_at_parent_death
 from windve.settings import Settings
 
 log = logging.getLogger("windve.frontend")
 
-def uvicorn_config(app, settings: Settings, drain_seconds: int, **where) -> uvicorn.Config:
+def uvicorn_config(app: ASGIApp, settings: Settings, drain_seconds: int, **where) -> uvicorn.Config:
     """The one uvicorn set-up of every front end.
 
     The asyncio loop, not uvloop: under a storm of retries uvloop let new connections wait

@@ -18,6 +18,7 @@ from fastapi import APIRouter
 from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
+from starlette.datastructures import State
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
@@ -289,7 +290,7 @@ async def health(request: Request) -> Response:
     return json_response(body, status)
 
 
-def health_answer(state) -> tuple[dict, int]:
+def health_answer(state: State) -> tuple[dict, int]:
     """/health's body and status from the app's state (app.state)."""
     if state.startup_error:
         return {"status": "failed", "error": state.startup_error}, 503
