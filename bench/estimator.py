@@ -350,6 +350,8 @@ def main() -> None:
     where.add_argument("--in-process", action="store_true", help="profile the service runtime in this process")
     parser.add_argument("--pools", help="comma-separated pool names (default: all)")
     args = parser.parse_args()
+    if args.references < 1 or args.repeats < 1:
+        parser.error("--references and --repeats must be at least 1")
     real = args.served or args.in_process
     slo = args.slo or (1.0 if real else 0.2)
     sections = set(args.sections.split(","))
