@@ -51,8 +51,6 @@ if TYPE_CHECKING:
     from windve.dispatcher.client import LocalDispatcher, RemoteDispatcher
 
 log = logging.getLogger(__name__)
-# A request's headers as ASGI gives them: (lower-case name, value) byte pairs.
-Headers = Iterable[tuple[bytes, bytes]]
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 
@@ -135,7 +133,7 @@ class OverloadGate:
             response = internal_error(request, exc)
         await response(scope, receive, send)
 
-    def refusal(self, path: str, headers: Headers, scope: dict) -> ApiError | None:
+    def refusal(self, path: str, headers: Iterable[tuple[bytes, bytes]], scope: dict) -> ApiError | None:
         """The 429 / 503 for a POST to `path` that the dispatcher has no room for, counted in the
         metrics (answer it with `error.response_for(path)`); None to let the request through,
         with a pass in `scope` when it is one the gate keeps."""
@@ -175,7 +173,7 @@ def _count(route: str, error: ApiError) -> None:
     requests.inc()
 
 
-def _small(headers: Headers) -> bool:
+def _small(headers: Iterable[tuple[bytes, bytes]]) -> bool:
     for name, value in headers:
         if name == b"content-length":
             return value.isdigit() and int(value) <= SMALL_BODY
