@@ -82,19 +82,20 @@ async def cache_figures(
     cache = create_cache(settings) if l1_entries is None else create_cache(settings, l1_entries=l1_entries)
     cached_texts = make_texts(count)
     vectors = np.random.default_rng(0).standard_normal((count, dim), dtype=np.float32)
-    await cache.put_many(cache_keys(model, revision, True, True, cached_texts), vectors)
+    tokens = [75] * count  # the entries' token counts: stored and read back as in serving
+    await cache.put_many(cache_keys(model, revision, True, True, cached_texts), vectors, tokens)
     # never-cached texts, built before timing so that only the cache's work is measured
     fresh = iter([make_texts(count, offset=(i + 1) * 1000) for i in range(repeat + 1)])
 
     async def hit() -> None:
         found = await cache.get_many(cache_keys(model, revision, True, True, cached_texts))
-        assert all(vector is not None for vector in found)
+        assert all(entry is not None for entry in found)
 
     async def miss() -> None:
         keys = cache_keys(model, revision, True, True, next(fresh))
         found = await cache.get_many(keys)
-        assert all(vector is None for vector in found)
-        await cache.put_many(keys, vectors)
+        assert all(entry is None for entry in found)
+        await cache.put_many(keys, vectors, tokens)
 
     try:
         return await time_async(hit, repeat), await time_async(miss, repeat)

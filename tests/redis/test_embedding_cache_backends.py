@@ -83,13 +83,14 @@ def test_local_cache_round_trip_is_byte_identical_and_bounded() -> None:
 
     async def scenario() -> None:
         assert await cache.get_many(keys) == [None] * 6
-        await cache.put_many(keys, vectors)
+        await cache.put_many(keys, vectors, [1, 2, 3, 4, 5, 2**32 - 1])
         found = await cache.get_many(keys)
         # capacity 4: the two first stored were evicted
         assert found[:2] == [None, None]
-        for row, vector in zip(vectors[2:], found[2:], strict=True):
-            assert vector is not None and vector.dtype == np.float32
-            assert vector.tobytes() == row.tobytes()
+        for row, entry in zip(vectors[2:], found[2:], strict=True):
+            assert entry is not None and entry.vector.dtype == np.float32
+            assert entry.vector.tobytes() == row.tobytes()
+        assert [entry.tokens for entry in found[2:]] == [3, 4, 5, 2**32 - 1]
         clock.advance(100)
         assert await cache.get_many(keys[2:]) == [None] * 4
 
@@ -110,7 +111,7 @@ def test_redis_round_trip_is_byte_identical_across_replicas(redis_server) -> Non
         writer = create_cache(settings)
         assert isinstance(writer, RedisEmbeddingCache)
         assert await writer.get_many(keys) == [None] * 32
-        await writer.put_many(keys, vectors)
+        await writer.put_many(keys, vectors, list(range(100, 132)))
         await writer.close()
         # another replica, without an L1, so every vector comes from Redis itself
         reader = create_cache(settings, l1_entries=0)
@@ -120,13 +121,15 @@ def test_redis_round_trip_is_byte_identical_across_replicas(redis_server) -> Non
         return found
 
     found = asyncio.run(scenario())
-    for row, vector in zip(vectors, found, strict=True):
-        assert vector is not None and vector.shape == (384,) and vector.dtype == np.float32
-        assert vector.tobytes() == row.tobytes()
+    for row, entry in zip(vectors, found, strict=True):
+        assert entry is not None and entry.vector.shape == (384,) and entry.vector.dtype == np.float32
+        assert entry.vector.tobytes() == row.tobytes()
+    assert [entry.tokens for entry in found] == list(range(100, 132))
     assert metric("windve_cache_hits_total", "redis") - hits_before == 32
 
     client = redis.Redis.from_url(redis_server.url)
-    assert client.get(keys[0]) == vectors[0].tobytes()
+    # The value's bytes: the token count (uint32, little-endian), then the float32 vector.
+    assert client.get(keys[0]) == (100).to_bytes(4, "little") + vectors[0].astype("<f4").tobytes()
     assert 0 < client.ttl(keys[0]) <= 600
     client.close()
 
@@ -142,7 +145,7 @@ def test_more_concurrent_requests_than_connections_wait_for_one(redis_server) ->
 
     async def scenario() -> list:
         cache = create_cache(settings, l1_entries=0)
-        await cache.put_many(keys, random_vectors(1, seed=4))
+        await cache.put_many(keys, random_vectors(1, seed=4), [9])
         found = await asyncio.gather(*(cache.get_many(keys) for _ in range(400)))
         stats = cache.stats()
         await cache.close()
@@ -164,14 +167,14 @@ def test_redis_cache_answers_from_l1_and_mixes_hits_and_misses(redis_server) -> 
 
     async def scenario() -> None:
         cache = create_cache(settings, l1_entries=10)
-        await cache.put_many(keys[:2], vectors[:2])
+        await cache.put_many(keys[:2], vectors[:2], [1, 2])
         # a second replica stores c; this one finds it in Redis, then keeps it in its L1
         other = create_cache(settings, l1_entries=0)
-        await other.put_many(keys[2:3], vectors[2:3])
+        await other.put_many(keys[2:3], vectors[2:3], [3])
         await other.close()
         found = await cache.get_many(keys)
-        assert [vector is None for vector in found] == [False, False, False, True]
-        assert found[2].tobytes() == vectors[2].tobytes()
+        assert [entry is None for entry in found] == [False, False, False, True]
+        assert found[2].vector.tobytes() == vectors[2].tobytes() and found[2].tokens == 3
         assert cache.stats()["hits"] == {"local": 2, "redis": 1}
         assert cache.stats()["misses"] == {"redis": 1}
         assert cache.stats()["local_entries"] == 3
@@ -183,4 +186,4 @@ def test_redis_cache_answers_from_l1_and_mixes_hits_and_misses(redis_server) -> 
 def test_put_rejects_vectors_that_do_not_match_the_keys() -> None:
     cache = create_cache(cache_settings(None))
     with pytest.raises(ValueError, match="expected 2 vectors"):
-        asyncio.run(cache.put_many([b"a", b"b"], random_vectors(3)))
+        asyncio.run(cache.put_many([b"a", b"b"], random_vectors(3), [1, 2]))

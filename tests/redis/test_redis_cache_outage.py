@@ -18,6 +18,7 @@ from windve.redis_client import CircuitBreaker
 NO_HANG_SECONDS = 5.0
 KEYS = cache_keys("m", "r", True, True, [f"text {i}" for i in range(8)])
 VECTORS = random_vectors(8, seed=3)
+TOKENS = list(range(10, 18))
 
 
 async def timed(operation):
@@ -41,7 +42,7 @@ def test_killed_redis_reads_as_misses_is_skipped_while_open_and_logged_once(redi
     cache = create_cache(cache_settings(redis_server.url), l1_entries=0, breaker=breaker)
 
     async def scenario() -> None:
-        await cache.put_many(KEYS, VECTORS)
+        await cache.put_many(KEYS, VECTORS, TOKENS)
         assert all(vector is not None for vector in await cache.get_many(KEYS))
         redis_server.kill()
 
@@ -51,7 +52,7 @@ def test_killed_redis_reads_as_misses_is_skipped_while_open_and_logged_once(redi
         assert breaker.state == "open" and redis_up() == 0  # /metrics tells an outage, not only the log
 
         # while open, calls skip Redis entirely: no new error, nothing stored, no exception
-        _, seconds = await timed(cache.put_many(KEYS, VECTORS))
+        _, seconds = await timed(cache.put_many(KEYS, VECTORS, TOKENS))
         assert seconds < NO_HANG_SECONDS
         assert await cache.get_many(KEYS) == [None] * 8
         assert cache.stats()["errors"] == {"redis": 1}
@@ -70,10 +71,10 @@ def test_killed_redis_reads_as_misses_is_skipped_while_open_and_logged_once(redi
 
         await asyncio.to_thread(redis_server.start)  # empty: no persistence
         clock.advance(4.0)
-        await cache.put_many(KEYS, VECTORS)  # the probe succeeds and closes the breaker
+        await cache.put_many(KEYS, VECTORS, TOKENS)  # the probe succeeds and closes the breaker
         assert breaker.state == "closed" and redis_up() == 1
         found = await cache.get_many(KEYS)
-        assert [vector.tobytes() for vector in found] == [row.tobytes() for row in VECTORS]
+        assert [entry.vector.tobytes() for entry in found] == [row.tobytes() for row in VECTORS]
         await cache.close()
 
     asyncio.run(scenario())
@@ -91,7 +92,7 @@ def test_hung_redis_costs_one_timeout_then_is_skipped(redis_server) -> None:
     )
 
     async def scenario() -> None:
-        await cache.put_many(KEYS, VECTORS)  # warm connection
+        await cache.put_many(KEYS, VECTORS, TOKENS)  # warm connection
         redis_server.pause()  # SIGSTOP: the socket stays open, nothing answers
         try:
             found, seconds = await timed(cache.get_many(KEYS))
@@ -103,7 +104,7 @@ def test_hung_redis_costs_one_timeout_then_is_skipped(redis_server) -> None:
             # out, which would count a second error.
             found, seconds = await timed(cache.get_many(KEYS))
             assert found == [None] * 8 and seconds < NO_HANG_SECONDS
-            await cache.put_many(KEYS, VECTORS)
+            await cache.put_many(KEYS, VECTORS, TOKENS)
             assert cache.stats()["errors"] == {"redis": 1}
             assert breaker.state == "open"
 
@@ -131,7 +132,7 @@ async def wait_until_cached(cache, clock: FakeClock, deadline_seconds: float = 3
     deadline = time.monotonic() + deadline_seconds
     while time.monotonic() < deadline:
         clock.advance(cache.breaker.max_cooldown)
-        await cache.put_many(KEYS, VECTORS)
+        await cache.put_many(KEYS, VECTORS, TOKENS)
         found = await cache.get_many(KEYS)
         if all(vector is not None for vector in found):
             return
@@ -150,7 +151,7 @@ def test_kill_and_restart_under_concurrent_load_fails_no_call(redis_server, capl
         nonlocal calls, slowest
         while not stop.is_set():
             _, get_seconds = await timed(cache.get_many(KEYS))
-            _, put_seconds = await timed(cache.put_many(KEYS, VECTORS))
+            _, put_seconds = await timed(cache.put_many(KEYS, VECTORS, TOKENS))
             calls += 1
             slowest = max(slowest, get_seconds, put_seconds)
             await asyncio.sleep(0)  # let the other clients and the killer run
@@ -193,12 +194,12 @@ def test_a_full_redis_refusing_stores_is_not_an_outage(redis_server, caplog) -> 
     admin = redis_py.Redis.from_url(redis_server.url)
 
     async def scenario() -> None:
-        await cache.put_many(KEYS[:4], VECTORS[:4])  # stored while there is room
+        await cache.put_many(KEYS[:4], VECTORS[:4], TOKENS[:4])  # stored while there is room
         admin.config_set("maxmemory-policy", "noeviction")
         admin.config_set("maxmemory", 1)  # full from now on: every write is refused
         for round_ in range(5):
             more = cache_keys("m", "r", True, True, [f"later {round_} {i}" for i in range(4)])
-            await cache.put_many(more, VECTORS[4:])
+            await cache.put_many(more, VECTORS[4:], TOKENS[4:])
             assert cache.breaker.state == "closed"
             found = await cache.get_many(KEYS[:4])  # reads still go to Redis and hit
             assert all(vector is not None for vector in found)

@@ -17,11 +17,12 @@ from windve.redis_client import describe_url
 
 KEYS = cache_keys("m", "r", True, True, ["one", "two"])
 VECTORS = random_vectors(2, seed=4)
+TOKENS = [3, 70_000]  # counts past 16 bits round-trip too
 
 
 async def round_trip(url: str) -> tuple[list, dict]:
     writer = create_cache(cache_settings(url), l1_entries=0)
-    await writer.put_many(KEYS, VECTORS)
+    await writer.put_many(KEYS, VECTORS, TOKENS)
     await writer.close()
     reader = create_cache(cache_settings(url), l1_entries=0)
     found = await reader.get_many(KEYS)
@@ -52,7 +53,8 @@ def test_password_in_the_url_a_wrong_one_and_none(tmp_path: Path, caplog) -> Non
     server = start_on_free_port(tmp_path, ["--requirepass", "s3cret"])
     try:
         found, _ = asyncio.run(round_trip(f"redis://:s3cret@127.0.0.1:{server.port}/0"))
-        assert [vector.tobytes() for vector in found] == [row.tobytes() for row in VECTORS]
+        assert [entry.vector.tobytes() for entry in found] == [row.tobytes() for row in VECTORS]
+        assert [entry.tokens for entry in found] == TOKENS
 
         # wrong credentials behave like an outage: no exception, misses, an error counted
         found, stats = asyncio.run(round_trip(f"redis://:wrong@127.0.0.1:{server.port}/0"))
@@ -82,7 +84,7 @@ def test_tls_with_rediss_url_and_a_password(tmp_path: Path) -> None:
         url = f"rediss://:s3cret@127.0.0.1:{tls_port}/0?ssl_ca_certs={ca_cert}"
         found, stats = asyncio.run(round_trip(url))
         assert stats["errors"] == {}
-        assert [vector.tobytes() for vector in found] == [row.tobytes() for row in VECTORS]
+        assert [entry.vector.tobytes() for entry in found] == [row.tobytes() for row in VECTORS]
         assert describe_url(url) == f"rediss://127.0.0.1:{tls_port}/0"  # no password in logs
     finally:
         server.stop()

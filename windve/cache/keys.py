@@ -1,9 +1,10 @@
 """Cache keys: one per (model, revision, normalize, truncate, text).
 
-`windve:emb:v1:{model}:{revision}:n{0|1}:t{0|1}:{sha256(text) hex}`. The text is hashed so a key
+`windve:emb:v2:{model}:{revision}:n{0|1}:t{0|1}:{sha256(text) hex}`. The text is hashed so a key
 has a fixed size whatever the text; model and revision stay readable so an operator can find
-or delete one model's entries (`SCAN MATCH windve:emb:v1:{model}:*`). `v1` names the value
-format (raw little-endian float32) so a future format never reads an old value. The service's
+or delete one model's entries (`SCAN MATCH windve:emb:v2:{model}:*`). `v2` names the value
+format (base.py: a token count, then the float32 vector) so a format never reads another's
+value: v1's values, the vector alone, are left to their TTL. The service's
 "revision" is everything besides the text that made the vector: the weights' hash, the
 configuration's (pooling, tokenizer), the engine and dtype settings and an input cap
 (windve/frontend/pipeline.py), so services that differ in any share no entry.
@@ -15,7 +16,7 @@ import hashlib
 from collections.abc import Iterable
 from urllib.parse import quote
 
-KEY_NAMESPACE = "windve:emb:v1"
+KEY_NAMESPACE = "windve:emb:v2"
 
 
 def key_prefix(model: str, revision: str, normalize: bool, truncate: bool) -> bytes:

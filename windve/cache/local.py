@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from windve.cache.base import decode_vector, encode_vectors
+from windve.cache.base import CachedVector, decode_entry, encode_entries
 from windve.cache.lru import LruTtlStore
 from windve.cache.metrics import CacheCounters
 
@@ -19,15 +19,15 @@ class LocalEmbeddingCache:
         self.store = store
         self.counters = CacheCounters()
 
-    async def get_many(self, keys: Sequence[bytes]) -> list[np.ndarray | None]:
-        found = [decode_vector(self.store.get(key)) for key in keys]
-        misses = sum(vector is None for vector in found)
+    async def get_many(self, keys: Sequence[bytes]) -> list[CachedVector | None]:
+        found = [decode_entry(self.store.get(key)) for key in keys]
+        misses = sum(entry is None for entry in found)
         self.counters.add("hits", "local", len(found) - misses)
         self.counters.add("misses", "local", misses)
         return found
 
-    async def put_many(self, keys: Sequence[bytes], vectors: np.ndarray) -> None:
-        for key, value in zip(keys, encode_vectors(vectors, len(keys)), strict=True):
+    async def put_many(self, keys: Sequence[bytes], vectors: np.ndarray, tokens: Sequence[int]) -> None:
+        for key, value in zip(keys, encode_entries(vectors, tokens), strict=True):
             self.store.put(key, value)
 
     def stats(self) -> dict[str, Any]:

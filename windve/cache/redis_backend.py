@@ -19,7 +19,7 @@ import numpy as np
 import redis.asyncio
 from redis.exceptions import ResponseError
 
-from windve.cache.base import decode_vector, encode_vectors
+from windve.cache.base import CachedVector, decode_entry, encode_entries
 from windve.cache.lru import LruTtlStore
 from windve.cache.metrics import REDIS_UP, CacheCounters
 from windve.redis_client import REDIS_FAILURES, CircuitBreaker, describe_error
@@ -55,19 +55,19 @@ class RedisEmbeddingCache:
         self._up = REDIS_UP.labels(self.backend)
         self._up.set(1)  # until a call fails: not known to be down
 
-    async def get_many(self, keys: Sequence[bytes]) -> list[np.ndarray | None]:
+    async def get_many(self, keys: Sequence[bytes]) -> list[CachedVector | None]:
         l1 = self.l1
-        found = [decode_vector(l1.get(key)) for key in keys] if l1 is not None else [None] * len(keys)
-        wanted = [index for index, vector in enumerate(found) if vector is None]
+        found = [decode_entry(l1.get(key)) for key in keys] if l1 is not None else [None] * len(keys)
+        wanted = [index for index, entry in enumerate(found) if entry is None]
         self.counters.add("hits", "local", len(keys) - len(wanted))
         if not wanted:
             return found
         answers = await self._call(lambda: self.client.mget([keys[index] for index in wanted]))
         redis_hits = 0
         for index, value in zip(wanted, answers or [None] * len(wanted), strict=True):
-            vector = decode_vector(value)
-            if vector is not None:
-                found[index] = vector
+            entry = decode_entry(value)
+            if entry is not None:
+                found[index] = entry
                 redis_hits += 1
                 if l1 is not None:
                     l1.put(keys[index], value)
@@ -75,8 +75,8 @@ class RedisEmbeddingCache:
         self.counters.add("misses", "redis", len(wanted) - redis_hits)
         return found
 
-    async def put_many(self, keys: Sequence[bytes], vectors: np.ndarray) -> None:
-        values = encode_vectors(vectors, len(keys))
+    async def put_many(self, keys: Sequence[bytes], vectors: np.ndarray, tokens: Sequence[int]) -> None:
+        values = encode_entries(vectors, tokens)
         if self.l1 is not None:
             for key, value in zip(keys, values, strict=True):
                 self.l1.put(key, value)

@@ -1,4 +1,4 @@
-"""The request path both APIs share: validate -> cache -> room check -> tokenize -> dispatch -> normalize.
+"""The request path both APIs share: validate -> cache -> room check -> tokenize the misses -> dispatch -> normalize.
 
 Tokenizing a large request runs off the event loop, so /health and small requests never wait
 behind it; a small one is tokenized in place (a thread hop would cost more than the work).
@@ -111,20 +111,22 @@ class EmbeddingPipeline:
         side = self.runtime.spec.truncation_side if side is None else side
         keys = self._cache_keys(texts, normalize, truncate, side)
         use = cache_use(request.headers.get("cache-control"), request.headers.get("pragma", ""))
-        vectors, missing = await self._cached(keys if use.read else None, len(texts))
+        vectors, missing, tokens = await self._cached(keys if use.read else None, len(texts))
         release_pass(request.scope)  # this request's own room check, next, counts what it needs
+        queued, computed, served, tokenizing = 0.0, 0.0, "cache", 0.0
+        sequences: list[np.ndarray] = []
         if missing:
             # Full queues refuse before the tokenizer runs, as TEI takes its permit first.
             try:
                 self.dispatcher.check_room(len(missing))
             except (Busy, Unavailable) as exc:
                 raise refusal(exc) from None
-        tokenizing = time.perf_counter()
-        sequences = await self._tokenize(texts, truncate, field, side)  # all of them: usage counts every token
-        tokenizing = time.perf_counter() - tokenizing
-        metrics.TOKENIZATION_TIME.observe(tokenizing)
-        tokens = sum(len(seq) for seq in sequences)
-        queued, computed, served = 0.0, 0.0, "cache"
+            # Only the misses: a hit's entry keeps its token count for the usage.
+            tokenizing = time.perf_counter()
+            sequences = await self._tokenize(texts, missing, truncate, field, side)
+            tokenizing = time.perf_counter() - tokenizing
+            metrics.TOKENIZATION_TIME.observe(tokenizing)
+            tokens += sum(len(seq) for seq in sequences)
         count = counted(request)
         if count:
             metrics.REQUEST_TOKENS.observe(tokens)
@@ -132,7 +134,7 @@ class EmbeddingPipeline:
             waited = time.perf_counter() - arrived
             if count:
                 metrics.FRONT_END_TIME.observe(waited)
-            fresh, (queued, computed, served) = await self._submit([sequences[i] for i in missing], request, waited)
+            fresh, (queued, computed, served) = await self._submit(sequences, request, waited)
             if normalize:
                 fresh = normalized(fresh)
             if vectors is None:
@@ -140,16 +142,20 @@ class EmbeddingPipeline:
             else:
                 vectors[missing] = fresh
             if keys is not None and use.write:
-                await self.cache.put_many([keys[i] for i in missing], fresh)
+                await self.cache.put_many([keys[i] for i in missing], fresh, [len(seq) for seq in sequences])
         if count:
             metrics.TOKENS.inc(tokens)
             metrics.INPUTS.inc(len(texts))
         return Embedded(vectors, tokens, tokenizing, queued, computed, served)
 
-    async def _tokenize(self, inputs: Sequence[Input], truncate: bool, field: str, side: str) -> list[np.ndarray]:
+    async def _tokenize(
+        self, inputs: Sequence[Input], wanted: list[int], truncate: bool, field: str, side: str
+    ) -> list[np.ndarray]:
+        """The token ids of inputs[i] for each i in `wanted`, in that order; a 422 names the input
+        by its place in the request."""
         encode = functools.partial(self.runtime.tokenizer.encode, side=side)
-        at = [index for index, item in enumerate(inputs) if isinstance(item, str)]
-        texts: Sequence[str] = inputs if len(at) == len(inputs) else [inputs[index] for index in at]  # type: ignore[assignment]
+        at = [index for index in wanted if isinstance(inputs[index], str)]
+        texts: list[str] = [inputs[index] for index in at]  # type: ignore[misc]
         try:
             if not texts:
                 sequences = []
@@ -159,19 +165,21 @@ class EmbeddingPipeline:
                 sequences = await asyncio.to_thread(encode, texts, truncate)
         except InputTooLong as exc:
             raise ApiError(422, f"{field}[{at[exc.index]}]: {exc.at(at[exc.index])}", VALIDATION, param=field) from None
-        if len(at) < len(inputs):
-            with_ids = functools.partial(self._with_token_ids, inputs, sequences, truncate, side, field)
-            ids = sum(len(item) for item in inputs if not isinstance(item, str))
+        if len(at) < len(wanted):
+            with_ids = functools.partial(self._with_token_ids, inputs, wanted, sequences, truncate, side, field)
+            ids = sum(len(inputs[index]) for index in wanted if not isinstance(inputs[index], str))
             sequences = with_ids() if ids <= INLINE_TOKENIZE_CHARS else await asyncio.to_thread(with_ids)
         return sequences
 
     def _with_token_ids(
-        self, inputs: Sequence[Input], encoded: list[np.ndarray], truncate: bool, side: str, field: str
+        self, inputs: Sequence[Input], wanted: list[int], encoded: list[np.ndarray], truncate: bool, side: str,
+        field: str,
     ) -> list[np.ndarray]:
-        """The sequences of `inputs` in order: `encoded` for its texts, and its token ids as sent."""
+        """The sequences of inputs[i] for i in `wanted`: `encoded` for its texts, and its token ids as sent."""
         texts = iter(encoded)
         sequences = []
-        for index, item in enumerate(inputs):
+        for index in wanted:
+            item = inputs[index]
             if isinstance(item, str):
                 sequences.append(next(texts))
                 continue
@@ -202,18 +210,21 @@ class EmbeddingPipeline:
             identity += f"-max{self.runtime.tokenizer.max_tokens}"
         return identity
 
-    async def _cached(self, keys: list[bytes] | None, n: int) -> tuple[np.ndarray | None, list[int]]:
+    async def _cached(self, keys: list[bytes] | None, n: int) -> tuple[np.ndarray | None, list[int], int]:
+        """The vectors found (None: none was), the indices of the misses, and the hits' tokens."""
         if keys is None:
-            return None, list(range(n))
+            return None, list(range(n)), 0
         found = await self.cache.get_many(keys)
-        missing = [i for i, vector in enumerate(found) if vector is None]
+        missing = [i for i, entry in enumerate(found) if entry is None]
         if len(missing) == n:
-            return None, missing
+            return None, missing, 0
         vectors = np.empty((n, self.runtime.spec.dim), dtype=np.float32)
-        for i, vector in enumerate(found):
-            if vector is not None:
-                vectors[i] = vector
-        return vectors, missing
+        tokens = 0
+        for i, entry in enumerate(found):
+            if entry is not None:
+                vectors[i] = entry.vector
+                tokens += entry.tokens
+        return vectors, missing, tokens
 
     async def _submit(
         self, sequences: list[np.ndarray], request: Request, waited: float
