@@ -35,7 +35,8 @@ FRONT_END_TIME = Histogram(
     buckets=LATENCY_BUCKETS,
 )
 TOKENIZATION_TIME = Histogram(
-    "windve_tokenization_seconds", "Time to tokenize the inputs of one embedding request", buckets=TOKENIZATION_BUCKETS
+    "windve_tokenization_seconds", "Time to tokenize the inputs of one embedding request not found in the cache",
+    buckets=TOKENIZATION_BUCKETS,
 )
 REQUEST_TOKENS = Histogram(
     "windve_request_input_tokens", "Tokens of one embedding request's inputs (after truncation)",
