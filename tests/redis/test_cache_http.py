@@ -9,6 +9,7 @@ import shutil
 import httpx
 import numpy as np
 import pytest
+import redis
 
 from tests.servers import metric_sum, start_server
 
@@ -119,12 +120,27 @@ def redis_pair(redis_server, tmp_path):
 def test_replicas_share_the_cache_and_survive_redis_outages(redis_server, redis_pair):
     a, b = redis_pair
     computed = httpx.post(a.url + "/embed", json={"inputs": TEXTS})
+    store = redis.Redis.from_url(redis_server.url)
+    keys_before = set(store.scan_iter(match="windve:emb:*"))
     assert computed.status_code == 200
     queued_b = dispatched(b.url)
     shared = httpx.post(b.url + "/embed", json={"inputs": TEXTS})
     assert shared.content == computed.content
     assert dispatched(b.url) == queued_b
     assert metric(b.url, "windve_cache_hits_total", backend="redis") == len(TEXTS)
+
+    # An entry of another size in the shared Redis (written by hand, or by anything but WindVE) is
+    # computed afresh, not a 500.
+    odd = {"inputs": "a text whose entry is overwritten"}
+    assert httpx.post(a.url + "/embed", json=odd).status_code == 200
+    (key,) = [key for key in store.scan_iter(match="windve:emb:*") if key not in keys_before]
+    store.set(key, (7).to_bytes(4, "little") + np.zeros(100, dtype="<f4").tobytes())
+    store.close()
+    queued_b = dispatched(b.url)
+    recomputed = httpx.post(b.url + "/embed", json=odd)
+    assert recomputed.status_code == 200 and dispatched(b.url) == queued_b + 1
+    original = np.array(httpx.post(a.url + "/embed", json=odd).json()[0])  # from a's own L1
+    assert float(np.array(recomputed.json()[0]) @ original) > 0.999
 
     async def load(url: str, rounds: int, tag: str) -> list[int]:
         async with httpx.AsyncClient(base_url=url, timeout=60) as client:
