@@ -353,8 +353,9 @@ def test_sigterm_drains_every_process(tmp_path):
 def test_front_ends_end_with_a_dispatcher_killed_and_free_the_port(tmp_path):
     """SIGKILL leaves the dispatcher no time to stop them: the kernel tells each front end, and the
     port is free for the next `windve serve`, not held by front ends answering 503 for ever; the
-    folder it shared with them is left, and the next service's start removes it."""
-    temporary = tmp_path / "tmp"
+    folder it shared with them is left, and the next service's start removes it. The TMPDIR is
+    deep: the dispatcher's socket path in it is past a Unix address's 107 bytes (unix_path.py)."""
+    temporary = tmp_path / ("tmp-" + "x" * 60)
     temporary.mkdir()
     server = _two_front_ends(tmp_path, env={"TMPDIR": str(temporary)})
     children = _info(server)["dispatcher"]["front_ends"] + engine_pids(server.url)

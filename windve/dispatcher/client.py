@@ -30,6 +30,7 @@ from queue_manager.protocol import Busy, QueryFailed, ShuttingDown, Unavailable
 from windve.dispatcher import messages
 from windve.dispatcher.board import DEGRADED, OK, STARTING, UNAVAILABLE, StateBoard
 from windve.dispatcher.link import FrameLink
+from windve.dispatcher.unix_path import reachable
 from windve.probe import Address
 
 if TYPE_CHECKING:
@@ -160,7 +161,8 @@ class RemoteDispatcher:
     def start(self) -> None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            sock.connect(self.address)  # the dispatcher listens before any front end starts
+            with reachable(self.address) as path:
+                sock.connect(path)  # the dispatcher listens before any front end starts
         except OSError:
             sock.close()
             raise

@@ -25,6 +25,7 @@ from queue_manager.protocol import Busy, QueryFailed, ShuttingDown, Unavailable
 from windve.dispatcher import messages
 from windve.dispatcher.board import DEGRADED, OK, STARTING, UNAVAILABLE, StateBoard
 from windve.dispatcher.link import FrameLink
+from windve.dispatcher.unix_path import reachable
 from windve.service import Runtime
 
 log = logging.getLogger(__name__)
@@ -48,7 +49,8 @@ class DispatcherServer:
         self.board = board
         self._runtime = runtime  # None while the engines load
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._listener.bind(address)  # before any front end starts: they connect at once
+        with reachable(address) as path:
+            self._listener.bind(path)  # before any front end starts: they connect at once
         self._listener.listen(256)
         self._listener.setblocking(False)
         self._links: dict[bytes, FrameLink] = {}
