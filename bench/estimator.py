@@ -333,8 +333,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--slo", type=float, default=None, help="seconds (default 0.2 simulated, 1.0 otherwise)")
     # The profile's flags as `windve calibrate` has them, its 5 rounds a level included: the bench judges the
-    # calibration users run (with 3, estimates and references both swung more: bench/ESTIMATOR.md, 2026-12-07).
-    # A shallower cap by default here.
+    # calibration users run (it had used 3; three runs did not show 5 estimate better: bench/ESTIMATOR.md,
+    # 2026-12-07). A shallower cap by default here.
     add_profile_arguments(parser)
     parser.set_defaults(max_concurrency=1024)
     parser.add_argument("--misses", type=int, default=8,
