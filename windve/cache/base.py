@@ -52,10 +52,13 @@ def encode_entries(vectors: np.ndarray, tokens: Sequence[int]) -> list[bytes]:
     ]
 
 
-def decode_entry(raw: bytes | None) -> CachedVector | None:
-    """A zero-copy view of the stored vector, and its token count; a value of impossible length
-    reads as a miss."""
+def decode_entry(raw: bytes | None, dimension: int | None = None) -> CachedVector | None:
+    """A zero-copy view of the stored vector, and its token count. A value of impossible length, or
+    of a vector of another size than `dimension` (a shared Redis written to by hand), reads as a
+    miss: as a hit it had made the request a 500."""
     if not raw or len(raw) <= _COUNT_BYTES or len(raw) % VECTOR_DTYPE.itemsize:
+        return None
+    if dimension is not None and len(raw) != _COUNT_BYTES + dimension * VECTOR_DTYPE.itemsize:
         return None
     vector = np.frombuffer(raw, dtype=VECTOR_DTYPE, offset=_COUNT_BYTES)
     return CachedVector(vector, int.from_bytes(raw[:_COUNT_BYTES], "little"))

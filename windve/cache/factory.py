@@ -26,12 +26,14 @@ def create_cache(
     l1_entries: int | None = None,
     breaker: CircuitBreaker | None = None,
     clock: Callable[[], float] = time.monotonic,
+    dimension: int | None = None,
 ) -> EmbeddingCache | None:
-    """None when cache_size is 0 (caching off). Builds no connection: Redis is reached on first use."""
+    """None when cache_size is 0 (caching off). Builds no connection: Redis is reached on first use.
+    `dimension`: the model's vector size; an entry of another size reads as a miss."""
     if settings.cache_size == 0:
         return None
     if not settings.redis_url:
-        return LocalEmbeddingCache(LruTtlStore(settings.cache_size, settings.cache_ttl_seconds, clock))
+        return LocalEmbeddingCache(LruTtlStore(settings.cache_size, settings.cache_ttl_seconds, clock), dimension)
     l1_size = min(settings.cache_size, MAX_L1_ENTRIES) if l1_entries is None else l1_entries
     return RedisEmbeddingCache(
         create_async_redis(settings.redis_url, settings.redis_timeout_seconds),
@@ -40,4 +42,5 @@ def create_cache(
         breaker=breaker
         or CircuitBreaker(f"Redis embedding cache at {describe_url(settings.redis_url)}", clock=clock),
         l1=LruTtlStore(l1_size, settings.cache_ttl_seconds, clock) if l1_size else None,
+        dimension=dimension,
     )

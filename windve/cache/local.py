@@ -15,12 +15,13 @@ from windve.cache.metrics import CacheCounters
 class LocalEmbeddingCache:
     backend = "local"
 
-    def __init__(self, store: LruTtlStore) -> None:
+    def __init__(self, store: LruTtlStore, dimension: int | None = None) -> None:
         self.store = store
+        self.dimension = dimension  # the vectors' size: an entry of another reads as a miss
         self.counters = CacheCounters()
 
     async def get_many(self, keys: Sequence[bytes]) -> list[CachedVector | None]:
-        found = [decode_entry(self.store.get(key)) for key in keys]
+        found = [decode_entry(self.store.get(key), self.dimension) for key in keys]
         misses = sum(entry is None for entry in found)
         self.counters.add("hits", "local", len(found) - misses)
         self.counters.add("misses", "local", misses)

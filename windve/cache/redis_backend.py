@@ -44,8 +44,10 @@ class RedisEmbeddingCache:
         timeout_seconds: float,
         breaker: CircuitBreaker,
         l1: LruTtlStore | None = None,
+        dimension: int | None = None,
     ) -> None:
         self.client = client
+        self.dimension = dimension  # the vectors' size: an entry of another reads as a miss
         self.ttl_seconds = ttl_seconds
         self.deadline_seconds = timeout_seconds * DEADLINE_PER_TIMEOUT
         self.breaker = breaker
@@ -57,7 +59,8 @@ class RedisEmbeddingCache:
 
     async def get_many(self, keys: Sequence[bytes]) -> list[CachedVector | None]:
         l1 = self.l1
-        found = [decode_entry(l1.get(key)) for key in keys] if l1 is not None else [None] * len(keys)
+        dimension = self.dimension
+        found = [decode_entry(l1.get(key), dimension) for key in keys] if l1 is not None else [None] * len(keys)
         wanted = [index for index, entry in enumerate(found) if entry is None]
         self.counters.add("hits", "local", len(keys) - len(wanted))
         if not wanted:
@@ -65,7 +68,7 @@ class RedisEmbeddingCache:
         answers = await self._call(lambda: self.client.mget([keys[index] for index in wanted]))
         redis_hits = 0
         for index, value in zip(wanted, answers or [None] * len(wanted), strict=True):
-            entry = decode_entry(value)
+            entry = decode_entry(value, dimension)
             if entry is not None:
                 found[index] = entry
                 redis_hits += 1

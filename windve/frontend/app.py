@@ -93,7 +93,7 @@ async def _start(
         runtime = await start_runtime(settings)
         app.state.runtime = runtime
         app.state.ready_since = int(time.time())
-        app.state.pipeline = EmbeddingPipeline(runtime, cache=create_cache(settings))
+        app.state.pipeline = EmbeddingPipeline(runtime, cache=create_cache(settings, dimension=runtime.spec.dim))
         tune_gc_for_serving()
         return_large_buffers()
         # After the engines started: their processes were spawned by threads that keep their priority.

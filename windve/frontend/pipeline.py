@@ -211,18 +211,14 @@ class EmbeddingPipeline:
         return identity
 
     async def _cached(self, keys: list[bytes] | None, n: int) -> tuple[np.ndarray | None, list[int], int]:
-        """The vectors found (None: none was), the indices of the misses, and the hits' tokens. An
-        entry of another size than the model's vectors (a shared Redis written to by hand) is a miss,
-        not a 500."""
+        """The vectors found (None: none was), the indices of the misses, and the hits' tokens."""
         if keys is None:
             return None, list(range(n)), 0
-        dim = self.runtime.spec.dim
-        found = [None if entry is None or entry.vector.shape[0] != dim else entry
-                 for entry in await self.cache.get_many(keys)]
+        found = await self.cache.get_many(keys)
         missing = [i for i, entry in enumerate(found) if entry is None]
         if len(missing) == n:
             return None, missing, 0
-        vectors = np.empty((n, dim), dtype=np.float32)
+        vectors = np.empty((n, self.runtime.spec.dim), dtype=np.float32)
         tokens = 0
         for i, entry in enumerate(found):
             if entry is not None:
