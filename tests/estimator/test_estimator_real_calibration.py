@@ -10,8 +10,11 @@ This machine changes speed (its slow state ~25 % slower) for seconds at a time, 
 meets another state than its profile tests the machine, not the estimator. So each attempt first asks
 whether the machine held its speed: the settled crossing must have taken what the fit put at the SLO
 (`CrossingCheck`), and a level of the profile, measured again interleaved with the checks, what it took
-in the profile (`SpeedCheck`). Only an attempt that passes both is judged, the fit's R^2 included; the
-others are repeated, a bounded number of times. Even then one round's tail at the depth moves by +-20 %
+in the profile (`SpeedCheck`). Only an attempt that passes both is judged; the others are repeated, a
+bounded number of times. The fit's R^2 is judged too, but one level of the profile taken in another
+machine state bends the line without moving the reference (CI met R^2 = 0.899 so): an attempt whose
+R^2 falls short measures every fitted level again, interleaved, and is the machine's when any of them
+moved, the estimator's (a failure) when none did. Even then one round's tail at the depth moves by +-20 %
 within a check, so the claim is the one a user can rely on here: the depth holds in 2 of at most 4
 steady checks. When the machine holds no speed long enough for that within the test's time budget, the
 test is skipped with its attempts printed: it measured the machine, not the estimator.
@@ -30,7 +33,7 @@ import pytest
 
 from estimator.calibration import load_calibration
 from estimator.pipeline import CalibrationOptions
-from estimator.profile import decide_profile_depth, fit_samples, profile_pool
+from estimator.profile import decide_profile_depth, fit_samples, fitted_levels, profile_pool
 from estimator.recheck import SpeedCheck, crossing_check, reference_level
 from estimator.rounds import measure_interleaved
 from tests.estimator.cli_runner import run_cli
@@ -66,6 +69,18 @@ def cpu_runtime() -> Iterator[tuple[object, asyncio.AbstractEventLoop]]:
         loop.close()
 
 
+def fitted_levels_moved(loop: asyncio.AbstractEventLoop, submit, make_query, samples) -> list[tuple[int, float]]:
+    """The fitted levels whose tail, measured again in turn, is not what it was in the profile, with the
+    ratio of the two; empty when the machine held its speed at every level the line goes through."""
+    fitted = fitted_levels(samples)
+    rounds = max(sample.rounds for sample in fitted)
+    again = loop.run_until_complete(
+        measure_interleaved(submit, make_query, sorted({s.concurrency for s in fitted}), TOKENS, rounds)
+    )
+    checks = [SpeedCheck(s.concurrency, s.p99, again[s.concurrency].p99) for s in fitted]
+    return [(check.concurrency, round(check.ratio, 3)) for check in checks if not check.steady]
+
+
 def decided(steady: list[bool]) -> bool:
     return steady.count(True) == NEEDED or steady.count(False) > STEADY_CHECKS - NEEDED
 
@@ -98,8 +113,13 @@ def test_estimated_depth_meets_the_slo_and_one_and_a_half_times_it_does_not(cpu_
         if not speed.steady or (crossing is not None and not crossing.steady):
             attempts.append((*ratios, depth, "machine changed speed"))
             continue
+        assert fit is not None, profile.samples
+        if fit.r2 <= 0.9:
+            moved = fitted_levels_moved(loop, submit, runtime.make_query, profile.samples)
+            assert moved, f"R^2 {fit.r2:.3f} from a machine that held its speed at every level: {profile.samples}"
+            attempts.append((*ratios, depth, f"R^2 {fit.r2:.3f}: levels moved {moved}"))
+            continue
         # The machine held its speed through the profile and the checks: the estimator is judged.
-        assert fit is not None and fit.r2 > 0.9, profile.samples
         assert depth is not None and depth >= 2, (fit, profile.samples)
         beyond = math.ceil(1.5 * depth)
         assert all(sample.failures == 0 for sample in checks.values()), checks
