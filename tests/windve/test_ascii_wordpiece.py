@@ -1,0 +1,114 @@
+"""The ASCII WordPiece path gives the model's tokenizer's ids, exactly, or leaves the text to it."""
+
+from __future__ import annotations
+
+import json
+import string
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tokenizers import Tokenizer
+
+from windve.ascii_wordpiece import MAX_CHARS, AsciiWordPiece
+from windve.model import ModelSpec
+from windve.tokenizer import InputTooLong, TextTokenizer, load_fast_tokenizer
+
+LIMIT = 24  # small, so that generated texts are often cut
+
+
+def reference(tokenizer: Tokenizer, side: str, limit: int = LIMIT) -> Tokenizer:
+    """The model's tokenizer as the service configures it: no padding, cut at `limit` at `side`."""
+    copy = Tokenizer.from_str(tokenizer.to_str())
+    copy.no_padding()
+    copy.enable_truncation(limit, direction=side)
+    return copy
+
+
+def variant(tokenizer: Tokenizer, change) -> Tokenizer:
+    config = json.loads(tokenizer.to_str())
+    change(config)
+    return Tokenizer.from_str(json.dumps(config))
+
+
+@pytest.fixture(scope="module")
+def bundled(model_spec: ModelSpec) -> Tokenizer:
+    return load_fast_tokenizer(model_spec.path, model_spec.lower_case)
+
+
+@pytest.fixture(scope="module")
+def cased(bundled: Tokenizer) -> Tokenizer:
+    """The bundled tokenizer as a cased model's: its normalizer keeps the case."""
+    return variant(bundled, lambda config: config["normalizer"].update(lowercase=False))
+
+
+# Letters of both cases, digits, every punctuation character, the whitespace and the control
+# characters the normalizer treats apart, and whole words from the vocabulary.
+_CHARACTERS = st.sampled_from(
+    list(string.ascii_letters + string.digits + string.punctuation + " \t\n\r\x0b\x0c\x00\x01\x1f\x7f")
+)
+_WORDS = st.sampled_from(["embedding", "Retrieval", "unaffable", "GPU", "don't", "snake_case", "3.14", "a" * 120])
+_TEXTS = st.lists(st.one_of(_CHARACTERS, _WORDS, st.just(" ")), min_size=1, max_size=60).map("".join)
+
+
+@pytest.fixture(scope="module")
+def both_ways(bundled: Tokenizer, cased: Tokenizer) -> list[tuple[AsciiWordPiece, str, Tokenizer]]:
+    """(fast path, side, the tokenizer cutting at that side) for the uncased and the cased pipeline."""
+    made = []
+    for tokenizer in (bundled, cased):
+        fast = AsciiWordPiece.for_tokenizer(tokenizer, LIMIT)
+        assert fast is not None
+        made += [(fast, side, reference(tokenizer, side)) for side in ("right", "left")]
+    return made
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=_TEXTS)
+def test_ascii_ids_are_the_tokenizers(both_ways: list[tuple[AsciiWordPiece, str, Tokenizer]], text: str) -> None:
+    for fast, side, tokenizer in both_ways:
+        expected = tokenizer.encode(text)
+        got = fast.encode(text, side)
+        assert got is not None and got.ids == expected.ids, (text, side)
+        assert got.overflowed == bool(expected.overflowing)
+
+
+def test_texts_the_path_leaves_to_the_tokenizer(bundled: Tokenizer) -> None:
+    fast = AsciiWordPiece.for_tokenizer(bundled, 256)
+    assert fast is not None
+    # Not ASCII (the normalizer strips accents, splits CJK); an added token's content, in any case,
+    # which the tokenizer reads as that one token; a text past MAX_CHARS.
+    for text in ("café au lait", "東京 tower", "fill the [MASK] in", "the [cls] token", "a " * (MAX_CHARS // 2 + 1)):
+        assert fast.encode(text, "right") is None, text
+    assert fast.encode("fill the MASK in", "right") is not None
+
+
+def test_other_pipelines_get_no_fast_path(bundled: Tokenizer) -> None:
+    def nfc_first(config: dict) -> None:
+        config["normalizer"] = {"type": "Sequence", "normalizers": [{"type": "NFC"}, config["normalizer"]]}
+
+    others = [
+        variant(bundled, nfc_first),
+        variant(bundled, lambda config: config.update(pre_tokenizer={"type": "Whitespace"})),
+        variant(bundled, lambda config: config["normalizer"].update(clean_text=False)),
+    ]
+    for tokenizer in others:
+        assert AsciiWordPiece.for_tokenizer(tokenizer, 256) is None
+    assert AsciiWordPiece.for_tokenizer(bundled, 2) is None  # no room between [CLS] and [SEP]
+
+
+def test_text_tokenizer_mixes_both_paths_in_order(model_spec: ModelSpec, bundled: Tokenizer) -> None:
+    tokenizer = TextTokenizer(model_spec, max_tokens=LIMIT)
+    assert tokenizer._ascii is not None
+    long_ascii, long_other = "word " * 40, "mot à mot " * 30
+    texts = ["A query, in ASCII.", "Une requête", "fill the [MASK]", long_ascii, long_other]
+    for side in ("right", "left"):
+        expected = reference(bundled, side).encode_batch(texts)
+        got = tokenizer.encode(texts, truncate=True, side=side)
+        assert [list(ids) for ids in got] == [encoding.ids for encoding in expected]
+        assert all(ids.dtype == np.int32 for ids in got)
+    # Without truncation the first over-long text is named, whichever path it took.
+    for texts, first in (([long_other, long_ascii], 0), (["short", long_ascii, long_other], 1)):
+        with pytest.raises(InputTooLong) as raised:
+            tokenizer.encode(texts, truncate=False)
+        assert raised.value.index == first
