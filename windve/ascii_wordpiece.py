@@ -30,7 +30,9 @@ log = logging.getLogger(__name__)
 # Longer texts go to the tokenizer, which releases the interpreter lock while it works: a thread
 # tokenizing a large request here would hold it against the event loop.
 MAX_CHARS = 16_384
-WORDS_REMEMBERED = 1 << 16  # ~10 MB at most; a query's words are mostly among the recent ones
+WORDS_REMEMBERED = 1 << 16  # a query's words are mostly among the recent ones
+# Longer words are not remembered, so the memory stays bounded (~10 MB) whatever clients send.
+LONGEST_REMEMBERED = 64
 
 # The BERT normalizer's clean_text drops these (control characters other than tab, newline, CR).
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
@@ -70,11 +72,11 @@ class AsciiWordPiece:
         contents = [token.content for token in tokenizer.get_added_tokens_decoder().values()]
         self._added = re.compile("|".join(map(re.escape, contents)), re.IGNORECASE) if contents else None
 
-        @functools.lru_cache(maxsize=WORDS_REMEMBERED)
-        def word_ids(word: str) -> tuple[int, ...]:
+        def ids_of(word: str) -> tuple[int, ...]:
             return tuple(token.id for token in model.tokenize(word))
 
-        self._word_ids = word_ids
+        self._ids_of = ids_of
+        self._remembered = functools.lru_cache(maxsize=WORDS_REMEMBERED)(ids_of)
 
     @classmethod
     def for_tokenizer(cls, tokenizer: Tokenizer, max_tokens: int) -> AsciiWordPiece | None:
@@ -107,10 +109,10 @@ class AsciiWordPiece:
             text = _CONTROL.sub("", text)
         if self._lowercase:
             text = text.lower()
-        word_ids = self._word_ids
+        remembered, ids_of = self._remembered, self._ids_of
         content: list[int] = []
         for word in _WORD.findall(text):
-            content += word_ids(word)
+            content += remembered(word) if len(word) <= LONGEST_REMEMBERED else ids_of(word)
         overflowed = len(content) > self._room
         if overflowed:
             content = content[-self._room :] if side == "left" else content[: self._room]

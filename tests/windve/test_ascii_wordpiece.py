@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
-from windve.ascii_wordpiece import MAX_CHARS, AsciiWordPiece
+from windve.ascii_wordpiece import LONGEST_REMEMBERED, MAX_CHARS, AsciiWordPiece
 from windve.model import ModelSpec
 from windve.tokenizer import InputTooLong, TextTokenizer, load_fast_tokenizer
 
@@ -112,3 +112,12 @@ def test_text_tokenizer_mixes_both_paths_in_order(model_spec: ModelSpec, bundled
         with pytest.raises(InputTooLong) as raised:
             tokenizer.encode(texts, truncate=False)
         assert raised.value.index == first
+
+
+def test_only_short_words_are_remembered(bundled: Tokenizer) -> None:
+    fast = AsciiWordPiece.for_tokenizer(bundled, 256)
+    assert fast is not None
+    before = fast._remembered.cache_info().currsize
+    got = fast.encode("x" * (LONGEST_REMEMBERED + 1) + " " + "y" * LONGEST_REMEMBERED, "right")
+    assert got is not None and got.ids == reference(bundled, "right", 256).encode("x" * 65 + " " + "y" * 64).ids
+    assert fast._remembered.cache_info().currsize == before + 1  # the 64-letter word only
