@@ -11,8 +11,9 @@ their words): ~14 us for the same query, the ids equal.
 
 It serves a tokenizer only when its pipeline is exactly that one (normalizer, pre-tokenizer, model,
 a post-processor that puts fixed tokens around one text) and it agrees with the tokenizer on probe
-texts at load. A text that is not ASCII, or that holds an added token's content (`[MASK]` in a
-query is one token to the tokenizer), or that is longer than `MAX_CHARS`, is left to the tokenizer.
+texts at load. A text that is not ASCII, or that holds an added token's content in any case, before
+or after its control characters are dropped (`[MASK]` in a query is one token to the tokenizer), or
+that is longer than `MAX_CHARS`, is left to the tokenizer.
 """
 
 from __future__ import annotations
@@ -103,10 +104,12 @@ class AsciiWordPiece:
     def encode(self, text: str, side: str) -> WordPieceIds | None:
         """`text`'s ids, cut at `side` (`left` or `right`) past `max_tokens`; None for a text this
         path leaves to the tokenizer."""
-        if len(text) > MAX_CHARS or not text.isascii() or (self._added is not None and self._added.search(text)):
+        if len(text) > MAX_CHARS or not text.isascii() or self._holds_added(text):
             return None
         if _CONTROL.search(text):
             text = _CONTROL.sub("", text)
+            if self._holds_added(text):  # an added token matched on the normalized text
+                return None
         if self._lowercase:
             text = text.lower()
         remembered, ids_of = self._remembered, self._ids_of
@@ -117,6 +120,10 @@ class AsciiWordPiece:
         if overflowed:
             content = content[-self._room :] if side == "left" else content[: self._room]
         return WordPieceIds(self._prefix + content + self._suffix, overflowed)
+
+
+    def _holds_added(self, text: str) -> bool:
+        return self._added is not None and self._added.search(text) is not None
 
 
 def _bert_lowercase(config: dict) -> bool | None:

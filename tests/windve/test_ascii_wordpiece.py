@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tokenizers import Tokenizer
+from tokenizers import AddedToken, Tokenizer
 
 from windve.ascii_wordpiece import LONGEST_REMEMBERED, MAX_CHARS, AsciiWordPiece
 from windve.model import ModelSpec
@@ -81,6 +81,17 @@ def test_texts_the_path_leaves_to_the_tokenizer(bundled: Tokenizer) -> None:
     for text in ("café au lait", "東京 tower", "fill the [MASK] in", "the [cls] token", "a " * (MAX_CHARS // 2 + 1)):
         assert fast.encode(text, "right") is None, text
     assert fast.encode("fill the MASK in", "right") is not None
+
+
+def test_an_added_token_that_matches_once_normalized_goes_to_the_tokenizer(bundled: Tokenizer) -> None:
+    """A token added with `normalized=True` is matched on the text after its control characters
+    are dropped and its case lowered: "WIND\x01VE" is that one token to the tokenizer."""
+    tokenizer = Tokenizer.from_str(bundled.to_str())
+    tokenizer.add_tokens([AddedToken("windve", normalized=True)])
+    fast = AsciiWordPiece.for_tokenizer(tokenizer, 256)
+    assert fast is not None
+    assert fast.encode("WIND\x01VE", "right") is None
+    assert fast.encode("WIND VE", "right") is not None
 
 
 def test_other_pipelines_get_no_fast_path(bundled: Tokenizer) -> None:
