@@ -63,13 +63,14 @@ class WordPieceIds(NamedTuple):
 class AsciiWordPiece:
     """The fast path for one tokenizer; make it with `for_tokenizer`."""
 
-    def __init__(self, tokenizer: Tokenizer, lowercase: bool, max_tokens: int) -> None:
+    def __init__(
+        self, tokenizer: Tokenizer, lowercase: bool, max_tokens: int, specials: tuple[list[int], list[int]]
+    ) -> None:
         model = tokenizer.model
         self.max_tokens = max_tokens
         self._lowercase = lowercase
-        prefix, suffix = _specials_around(tokenizer, model)
-        self._prefix, self._suffix = prefix, suffix
-        self._room = max_tokens - len(prefix) - len(suffix)
+        self._prefix, self._suffix = specials
+        self._room = max_tokens - len(self._prefix) - len(self._suffix)
         contents = [token.content for token in tokenizer.get_added_tokens_decoder().values()]
         self._added = re.compile("|".join(map(re.escape, contents)), re.IGNORECASE) if contents else None
 
@@ -84,9 +85,10 @@ class AsciiWordPiece:
         """The fast path for `tokenizer`, cutting texts at `max_tokens`; None when the tokenizer's
         pipeline is another one or the fast path does not match it on every probe text."""
         lowercase = _bert_lowercase(json.loads(tokenizer.to_str()))
-        if lowercase is None:
+        specials = _specials_around(tokenizer) if lowercase is not None else None
+        if lowercase is None or specials is None:
             return None
-        fast = cls(tokenizer, lowercase, max_tokens)
+        fast = cls(tokenizer, lowercase, max_tokens, specials)
         if fast._room < 1:
             return None
         reference = Tokenizer.from_str(tokenizer.to_str())
@@ -121,7 +123,6 @@ class AsciiWordPiece:
             content = content[-self._room :] if side == "left" else content[: self._room]
         return WordPieceIds(self._prefix + content + self._suffix, overflowed)
 
-
     def _holds_added(self, text: str) -> bool:
         return self._added is not None and self._added.search(text) is not None
 
@@ -143,12 +144,13 @@ def _bert_lowercase(config: dict) -> bool | None:
     return bool(steps[-1].get("lowercase")) or len(steps) > 1
 
 
-def _specials_around(tokenizer: Tokenizer, model: object) -> tuple[list[int], list[int]]:
-    """The ids the post-processor puts before and after one text's ids."""
+def _specials_around(tokenizer: Tokenizer) -> tuple[list[int], list[int]] | None:
+    """The ids the post-processor puts before and after one text's ids; None when a text's own ids
+    are not found whole in its encoding."""
     bare = Tokenizer.from_str(tokenizer.to_str())
     bare.no_padding()
     bare.no_truncation()
-    content = [token.id for token in model.tokenize("a")]  # type: ignore[attr-defined]
+    content = [token.id for token in tokenizer.model.tokenize("a")]
     ids = bare.encode("a").ids
-    at = next((i for i in range(len(ids) - len(content) + 1) if ids[i : i + len(content)] == content), 0)
-    return ids[:at], ids[at + len(content) :]
+    at = next((i for i in range(len(ids) - len(content) + 1) if ids[i : i + len(content)] == content), None)
+    return None if at is None else (ids[:at], ids[at + len(content) :])
