@@ -59,6 +59,11 @@ class TextTokenizer:
         # Exact ids at a sixth of the cost for ASCII text, where the model's tokenizer is BERT's.
         self._ascii = AsciiWordPiece.for_tokenizer(self._full, self.max_tokens)
 
+    @property
+    def fast_path(self) -> str | None:
+        """The path that tokenizes what it can before tokenizers (for /info): "ascii-wordpiece" or None."""
+        return "ascii-wordpiece" if self._ascii is not None else None
+
     def _truncating(self, side: str) -> Tokenizer:
         tokenizer = load_fast_tokenizer(self._spec.path, self._spec.lower_case)
         tokenizer.no_padding()

@@ -334,6 +334,7 @@ async def info(request: Request) -> Response:
             "revision": spec.revision,
             "dim": spec.dim,
             "max_input_length": runtime.tokenizer.max_tokens,
+            "tokenizer_fast_path": runtime.tokenizer.fast_path,
             "pooling": spec.pooling,
             "normalize": spec.normalize,
             "engine": settings.engine,
