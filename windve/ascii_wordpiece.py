@@ -84,15 +84,20 @@ class AsciiWordPiece:
     def for_tokenizer(cls, tokenizer: Tokenizer, max_tokens: int) -> AsciiWordPiece | None:
         """The fast path for `tokenizer`, cutting texts at `max_tokens`; None when the tokenizer's
         pipeline is another one or the fast path does not match it on every probe text."""
-        lowercase = _bert_lowercase(json.loads(tokenizer.to_str()))
-        specials = _specials_around(tokenizer) if lowercase is not None else None
-        if lowercase is None or specials is None:
+        serialized = tokenizer.to_str()
+        lowercase = _bert_lowercase(json.loads(serialized))
+        if lowercase is None:
+            return None
+        # One copy, uncut and unpadded, finds the specials and then checks the probes.
+        reference = Tokenizer.from_str(serialized)
+        reference.no_padding()
+        reference.no_truncation()
+        specials = _specials_around(reference)
+        if specials is None:
             return None
         fast = cls(tokenizer, lowercase, max_tokens, specials)
         if fast._room < 1:
             return None
-        reference = Tokenizer.from_str(tokenizer.to_str())
-        reference.no_padding()
         for side in ("right", "left"):
             reference.enable_truncation(max_tokens, direction=side)
             for text in _PROBES:
@@ -144,13 +149,10 @@ def _bert_lowercase(config: dict) -> bool | None:
     return bool(steps[-1].get("lowercase")) or len(steps) > 1
 
 
-def _specials_around(tokenizer: Tokenizer) -> tuple[list[int], list[int]] | None:
-    """The ids the post-processor puts before and after one text's ids; None when a text's own ids
-    are not found whole in its encoding."""
-    bare = Tokenizer.from_str(tokenizer.to_str())
-    bare.no_padding()
-    bare.no_truncation()
-    content = [token.id for token in tokenizer.model.tokenize("a")]
+def _specials_around(bare: Tokenizer) -> tuple[list[int], list[int]] | None:
+    """The ids the post-processor of `bare` (a tokenizer that neither pads nor cuts) puts before and
+    after one text's ids; None when a text's own ids are not found whole in its encoding."""
+    content = [token.id for token in bare.model.tokenize("a")]
     ids = bare.encode("a").ids
     at = next((i for i in range(len(ids) - len(content) + 1) if ids[i : i + len(content)] == content), None)
     return None if at is None else (ids[:at], ids[at + len(content) :])
