@@ -53,6 +53,7 @@ from windve.frontend.head_limits import (
     HeadGuard,
     SendTimer,
 )
+from windve.frontend.one_write import OneWriteTransport
 from windve.frontend.pipeline import ARRIVED, BUSY_ANSWERED, LANE_WAIT, release_pass
 from windve.frontend.routes import HEALTH_PATHS, health_answer
 from windve.frontend.slow_lane import PATIENCE, peer_closed, waiting_since
@@ -211,6 +212,7 @@ class JsonErrorHttpToolsProtocol(HttpToolsProtocol):
                     cycle.keep_alive = False
                 if self._cors:  # sent with whatever the app answers, an error or a refusal too
                     cycle.default_headers = [*cycle.default_headers, *self._cors]
+                cycle.transport = OneWriteTransport(cycle.transport, cycle)
 
     def _head_too_large(self) -> bool:
         """A head over MAX_HEAD_BYTES that came whole: 431. HeadGuard counts reads from the one
@@ -517,7 +519,7 @@ def _no_delay(transport: asyncio.Transport) -> None:
     """TCP_NODELAY on the connection. asyncio sets it only on sockets it knows for TCP, and neither
     listening socket here is one to it: a front end's comes from a descriptor (uvicorn's `fd`, read
     as AF_UNIX), the one-process serve's from windve/listeners.py (protocol 0). Without it an answer,
-    written as its head and then its body, waited for the client's delayed ACK of the head: ~40 ms
+    written as its head and then its body (before one_write.py), waited for the client's delayed ACK of the head: ~40 ms
     on every request after the first on a kept-alive connection, which no server-side timer saw."""
     sock = transport.get_extra_info("socket")
     if sock is not None:
