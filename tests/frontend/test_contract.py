@@ -428,7 +428,7 @@ def test_health_info_metrics(client):
     info = client.get("/info").json()
     assert info["model"]["dim"] == 384
     assert info["model"]["max_input_length"] == 256
-    assert info["model"]["tokenizer_fast_path"] == "ascii-wordpiece"  # MiniLM's tokenizer is BERT's
+    assert info["model"]["tokenizer_fast_path"] == "bert-wordpiece"  # MiniLM's tokenizer is BERT's
     assert info["slo_seconds"] == 1.0
     assert info["pools"][0]["name"] == "cpu" and info["pools"][0]["depth"] >= 1
     assert info["version"]

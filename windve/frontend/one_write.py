@@ -2,11 +2,11 @@
 
 uvicorn writes an answer as two writes: the status line and headers when the app sends
 `http.response.start`, then the body. On a connection with TCP_NODELAY (http_protocol.py) each
-write is a send() of its own and a TCP segment of its own: two system calls in the front end, two
-wake-ups of the client, and on loopback the kernel's delivery of both runs in the front end's
-time. A 75-token embedding answer is one segment's worth (bench/SERVED.md, 2026-12-07, seventh
-session). `OneWriteTransport` stands between a request's cycle and its connection's transport and
-holds the head until the body's first write, which carries both.
+write is a send() of its own, and the head (~300 bytes) a segment of its own: two system calls in
+the front end and, on loopback (a sidecar, a load generator), two wake-ups of the client, whose
+delivery the kernel runs in the front end's time (bench/SERVED.md, 2026-12-07, seventh session).
+`OneWriteTransport` stands between a request's cycle and its connection's transport and holds the
+head until the body's first write, which carries both.
 
 What would leave a held head unsent is covered: a HEAD request's answer has no body write, so its
 head is not held; a cycle that closes the connection (an error after the head, `connection:

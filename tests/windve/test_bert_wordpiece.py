@@ -1,4 +1,4 @@
-"""The ASCII WordPiece path gives the model's tokenizer's ids, exactly, or leaves the text to it."""
+"""The WordPiece fast path gives the model's tokenizer's ids, exactly, or leaves the text to it."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import AddedToken, Tokenizer
 
-from windve.ascii_wordpiece import LONGEST_REMEMBERED, MAX_CHARS, AsciiWordPiece
+from windve.bert_wordpiece import CANDIDATES, LONGEST_REMEMBERED, MAX_CHARS, BertWordPiece
 from windve.model import ModelSpec
 from windve.tokenizer import InputTooLong, TextTokenizer, load_fast_tokenizer
 
@@ -50,14 +50,23 @@ _CHARACTERS = st.sampled_from(
 )
 _WORDS = st.sampled_from(["embedding", "Retrieval", "unaffable", "GPU", "don't", "snake_case", "3.14", "a" * 120])
 _TEXTS = st.lists(st.one_of(_CHARACTERS, _WORDS, st.just(" ")), min_size=1, max_size=60).map("".join)
+# Past ASCII: every character the path may learn (accented letters of both cases, combining accents,
+# typographic spaces, dashes and quotes, currency), words made of them, and characters it leaves to
+# the tokenizer (Greek, CJK, an emoji, the capital sharp s, a fullwidth letter, the trademark sign).
+_LEFT_OUT = "Ω東京🙂ẞＡ™"
+_WIDE_CHARACTERS = st.sampled_from([chr(code) for code in CANDIDATES] + list(_LEFT_OUT))
+_WIDE_WORDS = st.sampled_from(["café", "NAÏVE", "Ærøskøbing", "e\u0301", "it’s", "“quoted”", "—", "5\u00a0€"])
+_WIDE_TEXTS = st.lists(
+    st.one_of(_CHARACTERS, _WORDS, _WIDE_CHARACTERS, _WIDE_WORDS, st.just(" ")), min_size=1, max_size=60
+).map("".join)
 
 
 @pytest.fixture(scope="module")
-def both_ways(bundled: Tokenizer, cased: Tokenizer) -> list[tuple[AsciiWordPiece, str, Tokenizer]]:
+def both_ways(bundled: Tokenizer, cased: Tokenizer) -> list[tuple[BertWordPiece, str, Tokenizer]]:
     """(fast path, side, the tokenizer cutting at that side) for the uncased and the cased pipeline."""
     made = []
     for tokenizer in (bundled, cased):
-        fast = AsciiWordPiece.for_tokenizer(tokenizer, LIMIT)
+        fast = BertWordPiece.for_tokenizer(tokenizer, LIMIT)
         assert fast is not None
         made += [(fast, side, reference(tokenizer, side)) for side in ("right", "left")]
     return made
@@ -65,7 +74,7 @@ def both_ways(bundled: Tokenizer, cased: Tokenizer) -> list[tuple[AsciiWordPiece
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(text=_TEXTS)
-def test_ascii_ids_are_the_tokenizers(both_ways: list[tuple[AsciiWordPiece, str, Tokenizer]], text: str) -> None:
+def test_ascii_ids_are_the_tokenizers(both_ways: list[tuple[BertWordPiece, str, Tokenizer]], text: str) -> None:
     for fast, side, tokenizer in both_ways:
         expected = tokenizer.encode(text)
         got = fast.encode(text, side)
@@ -73,14 +82,30 @@ def test_ascii_ids_are_the_tokenizers(both_ways: list[tuple[AsciiWordPiece, str,
         assert got.overflowed == bool(expected.overflowing)
 
 
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=_WIDE_TEXTS)
+def test_ids_past_ascii_are_the_tokenizers(both_ways: list[tuple[BertWordPiece, str, Tokenizer]], text: str) -> None:
+    """Texts past ASCII: the path takes every one without a character it left out, and its ids are
+    the tokenizer's (uncased: accents stripped; cased: kept)."""
+    left_out = any(char in _LEFT_OUT for char in text)
+    for fast, side, tokenizer in both_ways:
+        expected = tokenizer.encode(text)
+        got = fast.encode(text, side)
+        assert (got is None) == left_out, (text, side)
+        if got is not None:
+            assert got.ids == expected.ids, (text, side)
+            assert got.overflowed == bool(expected.overflowing)
+
+
 def test_texts_the_path_leaves_to_the_tokenizer(bundled: Tokenizer) -> None:
-    fast = AsciiWordPiece.for_tokenizer(bundled, 256)
+    fast = BertWordPiece.for_tokenizer(bundled, 256)
     assert fast is not None
-    # Not ASCII (the normalizer strips accents, splits CJK); an added token's content, in any case,
+    # A character it did not learn (CJK, Greek, an emoji); an added token's content, in any case,
     # which the tokenizer reads as that one token; a text past MAX_CHARS.
-    for text in ("café au lait", "東京 tower", "fill the [MASK] in", "the [cls] token", "a " * (MAX_CHARS // 2 + 1)):
+    for text in ("東京 tower", "café Ω", "🙂 ok", "fill the [MASK] in", "the [cls] token", "a " * (MAX_CHARS // 2 + 1)):
         assert fast.encode(text, "right") is None, text
-    assert fast.encode("fill the MASK in", "right") is not None
+    for text in ("fill the MASK in", "café au lait", "it’s “quoted” — ok", "no-break\u00a0space"):
+        assert fast.encode(text, "right") is not None, text
 
 
 def test_an_added_token_that_matches_once_normalized_goes_to_the_tokenizer(bundled: Tokenizer) -> None:
@@ -88,7 +113,7 @@ def test_an_added_token_that_matches_once_normalized_goes_to_the_tokenizer(bundl
     are dropped and its case lowered: "WIND\x01VE" is that one token to the tokenizer."""
     tokenizer = Tokenizer.from_str(bundled.to_str())
     tokenizer.add_tokens([AddedToken("windve", normalized=True)])
-    fast = AsciiWordPiece.for_tokenizer(tokenizer, 256)
+    fast = BertWordPiece.for_tokenizer(tokenizer, 256)
     assert fast is not None
     assert fast.encode("WIND\x01VE", "right") is None
     assert fast.encode("WIND VE", "right") is not None
@@ -104,15 +129,15 @@ def test_other_pipelines_get_no_fast_path(bundled: Tokenizer) -> None:
         variant(bundled, lambda config: config["normalizer"].update(clean_text=False)),
     ]
     for tokenizer in others:
-        assert AsciiWordPiece.for_tokenizer(tokenizer, 256) is None
-    assert AsciiWordPiece.for_tokenizer(bundled, 2) is None  # no room between [CLS] and [SEP]
+        assert BertWordPiece.for_tokenizer(tokenizer, 256) is None
+    assert BertWordPiece.for_tokenizer(bundled, 2) is None  # no room between [CLS] and [SEP]
 
 
 def test_text_tokenizer_mixes_both_paths_in_order(model_spec: ModelSpec, bundled: Tokenizer) -> None:
     tokenizer = TextTokenizer(model_spec, max_tokens=LIMIT)
-    assert tokenizer._ascii is not None
+    assert tokenizer._fast is not None
     long_ascii, long_other = "word " * 40, "mot à mot " * 30
-    texts = ["A query, in ASCII.", "Une requête", "fill the [MASK]", long_ascii, long_other]
+    texts = ["A query, in ASCII.", "Une requête", "fill the [MASK]", "東京", long_ascii, long_other]
     for side in ("right", "left"):
         expected = reference(bundled, side).encode_batch(texts)
         got = tokenizer.encode(texts, truncate=True, side=side)
@@ -126,7 +151,7 @@ def test_text_tokenizer_mixes_both_paths_in_order(model_spec: ModelSpec, bundled
 
 
 def test_only_short_words_are_remembered(bundled: Tokenizer) -> None:
-    fast = AsciiWordPiece.for_tokenizer(bundled, 256)
+    fast = BertWordPiece.for_tokenizer(bundled, 256)
     assert fast is not None
     before = fast._remembered.cache_info().currsize
     got = fast.encode("x" * (LONGEST_REMEMBERED + 1) + " " + "y" * LONGEST_REMEMBERED, "right")
