@@ -22,6 +22,7 @@ texts at load. A text holding a character it did not learn (CJK, Greek, emoji, .
 token's content in any case, before or after normalizing (`[MASK]` in a query is one token to the
 tokenizer), or that is longer than `MAX_CHARS`, is left to the tokenizer.
 """
+
 from __future__ import annotations
 
 import functools

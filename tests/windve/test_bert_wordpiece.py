@@ -97,6 +97,20 @@ def test_ids_past_ascii_are_the_tokenizers(both_ways: list[tuple[BertWordPiece, 
             assert got.overflowed == bool(expected.overflowing)
 
 
+def test_every_candidate_character_alone_and_among_letters(
+    both_ways: list[tuple[BertWordPiece, str, Tokenizer]],
+) -> None:
+    """Each of the characters the path may learn, in every place a text may put it: alone, inside a
+    word of both cases, between words, next to punctuation, doubled."""
+    for fast, side, tokenizer in both_ways[::2]:  # one side each: the cut is checked above
+        for code in CANDIDATES:
+            char = chr(code)
+            texts = [char, f"Ab{char}Cd", f"x {char} Y", f"{char}{char}.", f"({char}e", f"É{char}"]
+            for text, expected in zip(texts, tokenizer.encode_batch(texts)):
+                got = fast.encode(text, side)
+                assert got is not None and got.ids == expected.ids, (hex(code), text)
+
+
 def test_texts_the_path_leaves_to_the_tokenizer(bundled: Tokenizer) -> None:
     fast = BertWordPiece.for_tokenizer(bundled, 256)
     assert fast is not None
