@@ -45,10 +45,12 @@ LONGEST_REMEMBERED = 64
 
 # The BERT normalizer's clean_text drops these (control characters other than tab, newline, CR).
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
-# BertPreTokenizer on ASCII: runs of letters and digits; each other printable character alone;
-# whitespace separates. Every printable ASCII character that is not a letter, digit or space is
-# punctuation to BERT (`_` included, unlike \w).
-_WORD = re.compile(r"[A-Za-z0-9]+|[!-/:-@\[-`{-~]")
+# Every printable ASCII character that is not a letter, digit or space is punctuation to BERT
+# (`_` included, unlike \w).
+_ASCII_PUNCTUATION = r"!-/:-@\[-`{-~"
+# BertPreTokenizer on ASCII: runs of letters and digits; each punctuation character alone;
+# whitespace separates.
+_WORD = re.compile(f"[A-Za-z0-9]+|[{_ASCII_PUNCTUATION}]")
 
 # Characters past ASCII that the path learns from the tokenizer itself at load (`_learn`): accented
 # Latin letters, combining accents, typographic punctuation and spaces, currency signs. Documents
@@ -60,7 +62,6 @@ CANDIDATES = (
     *range(0x2000, 0x2070),  # general punctuation: spaces, dashes, quotes, bullets, ellipsis
     *range(0x20A0, 0x20D0),  # currency signs
 )
-_ASCII_PUNCTUATION = r"!-/:-@\[-`{-~"
 
 _PROBES = (
     "Retrieval augmented generation systems embed questions and passages into vectors.",
@@ -98,7 +99,7 @@ class BertWordPiece:
         lowercase: bool,
         max_tokens: int,
         specials: tuple[list[int], list[int]],
-        learned: LearnedCharacters | None = None,
+        learned: LearnedCharacters,
     ) -> None:
         model = tokenizer.model
         self.max_tokens = max_tokens
@@ -153,7 +154,7 @@ class BertWordPiece:
         splitter, normalized = _WORD, False
         if not text.isascii():
             learned = self._learned
-            if learned is None or learned.unknown.search(text):
+            if learned.unknown.search(text):
                 return None
             text, mapped = learned.mapped.subn(learned.normalized, text)
             splitter, normalized = learned.word, mapped > 0
@@ -189,17 +190,16 @@ class LearnedCharacters(NamedTuple):
     unknown: re.Pattern[str]
 
 
-def _learn(tokenizer: Tokenizer) -> LearnedCharacters | None:
+def _learn(tokenizer: Tokenizer) -> LearnedCharacters:
     """Ask `tokenizer`'s own normalizer and pre-tokenizer about each candidate character, one at a
     time: both work a character at a time (BERT's normalizer maps each, its accent stripping drops
     every combining mark it makes, and its pre-tokenizer splits at whitespace and around
     punctuation), so a text's result is its characters' put together. A character is taken when
     the normalizer makes it ASCII, nothing, or one character past ASCII that it leaves as it is and
     that the pre-tokenizer keeps in a word or puts alone (punctuation); the probes at load and a
-    property test hold the whole to the tokenizer."""
+    property test hold the whole to the tokenizer. `tokenizer` is one `_bert_lowercase` took, so it
+    has both stages."""
     normalizer, pre_tokenizer = tokenizer.normalizer, tokenizer.pre_tokenizer
-    if normalizer is None or pre_tokenizer is None:
-        return None
     table: dict[str, str] = {}
     known, word_chars, punctuation = [], set(), set()
     for code in CANDIDATES:
