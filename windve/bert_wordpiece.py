@@ -9,16 +9,18 @@ and around every punctuation character. This module applies them with one regula
 takes each word's ids from the tokenizer's own WordPiece model, remembered per word (queries repeat
 their words): ~18 us for the same query, the ids equal.
 
-Past ASCII, the characters that text copied from the web or a PDF holds (accented Latin letters,
-combining accents, curly quotes, dashes, no-break and thin spaces, currency signs: `CANDIDATES`)
-are learned at load from the tokenizer's own normalizer and pre-tokenizer, one character at a time
-(`_learn`): what each becomes, and whether it is part of a word or punctuation. A text holding them
-is mapped by that table and split the same way: ~27 us for the same query with a few of them,
-against ~100 through tokenizers.
+Past ASCII, the characters of text copied from the web or a PDF (accented Latin letters, combining
+accents, curly quotes, dashes, no-break and thin spaces, currency signs) and of the scripts BERT
+WordPiece models are made for besides English (Greek, Cyrillic, Vietnamese, Chinese and Japanese,
+whose ideographs the normalizer puts spaces around; fullwidth punctuation): `CANDIDATES`, are
+learned at load from the tokenizer's own normalizer and pre-tokenizer (`_learn`): what each
+becomes, and whether it is part of a word or stands alone. A text holding them is mapped by that
+table and split the same way: ~27 us for the same query with a few of them, against ~100 through
+tokenizers.
 
 It serves a tokenizer only when its pipeline is exactly that one (normalizer, pre-tokenizer, model,
 a post-processor that puts fixed tokens around one text) and it agrees with the tokenizer on probe
-texts at load. A text holding a character it did not learn (CJK, Greek, emoji, ...), or an added
+texts at load. A text holding a character it did not learn (Korean, Thai, emoji, ...), or an added
 token's content in any case, before or after normalizing (`[MASK]` in a query is one token to the
 tokenizer), or that is longer than `MAX_CHARS`, is left to the tokenizer.
 """
@@ -26,13 +28,17 @@ tokenizer), or that is longer than `MAX_CHARS`, is left to the tokenizer.
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import logging
 import re
 from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
+import numpy as np
 from tokenizers import Tokenizer
+from tokenizers.normalizers import Normalizer
+from tokenizers.pre_tokenizers import PreTokenizer
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +65,14 @@ _WORD = re.compile(f"[A-Za-z0-9]+|[{_ASCII_PUNCTUATION}]")
 CANDIDATES = (
     *range(0x80, 0x250),  # Latin-1 Supplement, Latin Extended-A and -B
     *range(0x300, 0x370),  # combining diacritical marks
+    *range(0x370, 0x530),  # Greek, Cyrillic and its supplement
+    *range(0x1E00, 0x1F00),  # Latin Extended Additional (Vietnamese)
     *range(0x2000, 0x2070),  # general punctuation: spaces, dashes, quotes, bullets, ellipsis
     *range(0x20A0, 0x20D0),  # currency signs
+    *range(0x3000, 0x3100),  # CJK symbols and punctuation, hiragana, katakana
+    *range(0x4E00, 0xA000),  # CJK unified ideographs (what bge-*-zh and Chinese BERTs read)
+    *range(0xF900, 0xFB00),  # CJK compatibility ideographs
+    *range(0xFF00, 0xFFF0),  # halfwidth and fullwidth forms (Chinese commas, full stops, brackets)
 )
 
 _PROBES = (
@@ -80,6 +92,9 @@ _WIDE_PROBES = (
     "\u00c5NGSTR\u00d6M \u00df \u0130stanbul \u00c6sir \u0152uvre e\u0301 \u00bd\u00b2 \u00a9\u00ae "
     "\u2022 \u00b7 \u00bf\u00a1 \u2013 \u2010",
     "zero\u200bwidth\u200c\u200djoiners\u2060and\u2028separators\u2029and\u00adsoft\u00a0hyphens\u202f\u2009thin",
+    "\u68c0\u7d22\u589e\u5f3a\u751f\u6210\uff08RAG\uff09\u628a\u95ee\u9898\u5d4c\u5165\u4e3a\u5411\u91cf\u3002"
+    "\u6771\u4eac\u30bf\u30ef\u30fc\u3001\uf900 \u041f\u0440\u0438\u0432\u0435\u0442\u0401 \u039f\u0394\u039f\u03a3 "
+    "Vi\u1ec7t \uff21\uff22\uff23\uff11\uff12\uff13\uff0c",
 )
 
 
@@ -191,48 +206,144 @@ class LearnedCharacters(NamedTuple):
 
 
 def _learn(tokenizer: Tokenizer) -> LearnedCharacters:
-    """Ask `tokenizer`'s own normalizer and pre-tokenizer about each candidate character, one at a
-    time: both work a character at a time (BERT's normalizer maps each, its accent stripping drops
-    every combining mark it makes, and its pre-tokenizer splits at whitespace and around
-    punctuation), so a text's result is its characters' put together. A character is taken when
-    the normalizer makes it ASCII, nothing, or one character past ASCII that it leaves as it is and
-    that the pre-tokenizer keeps in a word or puts alone (punctuation); the probes at load and a
-    property test hold the whole to the tokenizer. `tokenizer` is one `_bert_lowercase` took, so it
-    has both stages."""
+    """Ask `tokenizer`'s own normalizer and pre-tokenizer about each candidate character: both work
+    a character at a time (BERT's normalizer maps each, its accent stripping drops every combining
+    mark it makes, and its pre-tokenizer splits at whitespace and around punctuation), so a text's
+    result is its characters' put together. A character is taken when the normalizer makes it
+    ASCII, nothing, or one character past ASCII that it leaves as it is, alone or with spaces
+    around it (a CJK ideograph, when the normalizer handles Chinese characters), and that the
+    pre-tokenizer keeps in a word or puts alone; the probes at load and a property test hold the
+    whole to the tokenizer. `tokenizer` is one `_bert_lowercase` took, so it has both stages."""
     normalizer, pre_tokenizer = tokenizer.normalizer, tokenizer.pre_tokenizer
+    chars = [chr(code) for code in CANDIDATES]
+    becomes: dict[str, str] = {}  # past ASCII: the one character each becomes
+    padded: set[str] = set()  # of those, the ones it comes with spaces around
+    bare: set[str] = set()  # and those it comes without
     table: dict[str, str] = {}
-    known, word_chars, punctuation = [], set(), set()
-    for code in CANDIDATES:
-        char = chr(code)
-        normalized = normalizer.normalize_str(char)
-        if not normalized.isascii():
-            if len(normalized) != 1 or normalizer.normalize_str(normalized) != normalized:
-                continue
-            words = [piece for piece, _ in pre_tokenizer.pre_tokenize_str(f"a{normalized}b")]
-            if words == [f"a{normalized}b"]:
-                word_chars.add(normalized)
-            elif words == ["a", normalized, "b"]:
-                punctuation.add(normalized)
-            else:
-                continue
-        known.append(char)
-        if normalized != char:
-            table[char] = normalized
+    known: list[str] = []
+    apart: list[str] = []  # ideographs the normalizer sets apart unchanged, each a word: most of them
+    results = _normalized_each(normalizer, chars)
+    for at in range(0, len(chars), _ASKED_AT_ONCE):
+        some, pieces = chars[at : at + _ASKED_AT_ONCE], results[at : at + _ASKED_AT_ONCE]
+        if pieces == [f" {char} " for char in some] and _whole_between_spaces(pre_tokenizer, some) == set(some):
+            apart += some
+            continue
+        for char, normalized in zip(some, pieces):
+            _learn_one(char, normalized, becomes, padded if normalized[:1] == " " else bare, table, known)
+    # What a character past ASCII becomes must stay as it is (with its spaces): known for a
+    # character that became itself, asked for the others. And the pre-tokenizer must keep it in a
+    # word or put it alone.
+    same = {char for char, result in becomes.items() if result == char}
+    others = sorted(set(becomes.values()) - same)
+    unstable = padded & bare  # set apart where one character becomes it, not where another does
+    unstable.update(
+        result
+        for result, normalized in zip(others, _normalized_each(normalizer, others))
+        if normalized != (f" {result} " if result in padded else result)
+    )
+    results = sorted(set(becomes.values()) - unstable)
+    alone = _whole_between_spaces(pre_tokenizer, [result for result in results if result in padded])
+    plain = [result for result in results if result not in padded]
+    word_chars = set()
+    for result, words in zip(plain, _words_each(pre_tokenizer, [f"a{result}b" for result in plain])):
+        if words == [f"a{result}b"]:
+            word_chars.add(result)
+        elif words == ["a", result, "b"]:
+            alone.add(result)
+    taken = word_chars | alone
+    for char, result in becomes.items():
+        if result in taken:
+            known.append(char)
+        else:
+            table.pop(char, None)
+    known += apart
+    alone.update(apart)
 
     def normalized_of(match: re.Match[str]) -> str:
         return table[match.group()]
 
-    word_class, punctuation_class = _char_class(word_chars), _char_class(punctuation)
     return LearnedCharacters(
         re.compile(f"[{_char_class(table)}]"),
         normalized_of,
-        re.compile(f"[A-Za-z0-9{word_class}]+|[{_ASCII_PUNCTUATION}{punctuation_class}]"),
+        re.compile(f"[A-Za-z0-9{_char_class(word_chars)}]+|[{_ASCII_PUNCTUATION}{_char_class(alone)}]"),
         re.compile(f"[^\\x00-\\x7f{_char_class(known)}]"),
     )
 
 
+# Characters asked about in one call: a call has a fixed cost of its own, and tokenizers slows on
+# long strings (30,000 characters in one string took 0.47 s to pre-tokenize, in strings of 512 0.04 s).
+_ASKED_AT_ONCE = 512
+
+
+def _learn_one(
+    char: str, normalized: str, becomes: dict[str, str], shape: set[str], table: dict[str, str], known: list[str]
+) -> None:
+    """Note what the normalizer made of `char` (see `_learn`); a result past ASCII goes into
+    `shape` too, the set of those that come with spaces around them or of those without."""
+    if not normalized.isascii():
+        if len(normalized) == 3 and normalized[0] == normalized[2] == " ":
+            normalized = normalized[1]
+        if len(normalized) != 1:
+            return
+        becomes[char] = normalized
+        shape.add(normalized)
+    else:
+        known.append(char)
+    if normalized != char:
+        table[char] = normalized
+
+
+def _normalized_each(normalizer: Normalizer, chars: list[str]) -> list[str]:
+    """What the normalizer makes of each of `chars`, asked about many at once, joined by "0": it
+    leaves "0" as it is, and none of them became one when the pieces come back one per character."""
+    results: list[str] = []
+    for at in range(0, len(chars), _ASKED_AT_ONCE):
+        some = chars[at : at + _ASKED_AT_ONCE]
+        pieces = normalizer.normalize_str("0".join(some)).split("0")
+        results += pieces if len(pieces) == len(some) else [normalizer.normalize_str(char) for char in some]
+    return results
+
+
+def _whole_between_spaces(pre_tokenizer: PreTokenizer, chars: list[str]) -> set[str]:
+    """Those of `chars` that the pre-tokenizer makes a word of their own when spaces stand around
+    them (as the normalizer puts them around a CJK ideograph), asked about many at once."""
+    whole: set[str] = set()
+    for at in range(0, len(chars), _ASKED_AT_ONCE):
+        some = chars[at : at + _ASKED_AT_ONCE]
+        if [word for word, _ in pre_tokenizer.pre_tokenize_str(" ".join(some))] == some:
+            whole.update(some)
+        else:
+            whole.update(char for char, words in zip(some, _words_each(pre_tokenizer, some)) if words == [char])
+    return whole
+
+
+def _words_each(pre_tokenizer: PreTokenizer, texts: list[str]) -> list[list[str]]:
+    """The pre-tokenizer's words of each of `texts`, asked about many at once, joined by spaces;
+    each word goes to the text it starts in (one running over a space would match no text's shape)."""
+    words: list[list[str]] = []
+    for at in range(0, len(texts), _ASKED_AT_ONCE):
+        some = texts[at : at + _ASKED_AT_ONCE]
+        ends = list(itertools.accumulate(len(text) + 1 for text in some))
+        found: list[list[str]] = [[] for _ in some]
+        i = 0
+        for word, (start, _) in pre_tokenizer.pre_tokenize_str(" ".join(some)):
+            while start >= ends[i]:
+                i += 1
+            found[i].append(word)
+        words += found
+    return words
+
+
 def _char_class(chars: Iterable[str]) -> str:
-    return "".join(re.escape(char) for char in sorted(chars))
+    """A regular expression's class of `chars`, runs of consecutive code points as ranges (the CJK
+    ideographs are tens of thousands)."""
+    codes = np.fromiter(sorted(set(map(ord, chars))), dtype=np.int64)
+    starts = [0, *(np.flatnonzero(np.diff(codes) != 1) + 1).tolist()]
+    runs = []
+    for start, end in zip(starts, [*starts[1:], len(codes)]):
+        first, last = re.escape(chr(codes[start])), re.escape(chr(codes[end - 1]))
+        runs.append(first if start == end - 1 else f"{first}-{last}")
+    return "".join(runs)
 
 
 def _bert_lowercase(config: dict) -> bool | None:

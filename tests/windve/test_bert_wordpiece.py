@@ -51,11 +51,15 @@ _CHARACTERS = st.sampled_from(
 _WORDS = st.sampled_from(["embedding", "Retrieval", "unaffable", "GPU", "don't", "snake_case", "3.14", "a" * 120])
 _TEXTS = st.lists(st.one_of(_CHARACTERS, _WORDS, st.just(" ")), min_size=1, max_size=60).map("".join)
 # Past ASCII: every character the path may learn (accented letters of both cases, combining accents,
-# typographic spaces, dashes and quotes, currency), words made of them, and characters it leaves to
-# the tokenizer (Greek, CJK, an emoji, the capital sharp s, a fullwidth letter, the trademark sign).
-_LEFT_OUT = "Ω東京🙂ẞＡ™"
+# typographic spaces, dashes and quotes, currency, Greek, Cyrillic, Vietnamese, CJK ideographs, kana,
+# fullwidth forms), words made of them, and characters it leaves to the tokenizer (Korean, Thai, an
+# emoji, the trademark sign, rare ideographs: of extension A and past the basic plane).
+_LEFT_OUT = "한국ก🙂™\u3400\U00020000"
 _WIDE_CHARACTERS = st.sampled_from([chr(code) for code in CANDIDATES] + list(_LEFT_OUT))
-_WIDE_WORDS = st.sampled_from(["café", "NAÏVE", "Ærøskøbing", "e\u0301", "it’s", "“quoted”", "—", "5\u00a0€"])
+_WIDE_WORDS = st.sampled_from(
+    ["café", "NAÏVE", "Ærøskøbing", "e\u0301", "it’s", "“quoted”", "—", "5\u00a0€", "检索增强生成。", "東京タワー",
+     "ガ\u3099", "Ёлка", "ΟΔΟΣ", "Việt", "ＡＢＣ１２３，", "\uf900"]
+)
 _WIDE_TEXTS = st.lists(
     st.one_of(_CHARACTERS, _WORDS, _WIDE_CHARACTERS, _WIDE_WORDS, st.just(" ")), min_size=1, max_size=60
 ).map("".join)
@@ -114,11 +118,11 @@ def test_every_candidate_character_alone_and_among_letters(
 def test_texts_the_path_leaves_to_the_tokenizer(bundled: Tokenizer) -> None:
     fast = BertWordPiece.for_tokenizer(bundled, 256)
     assert fast is not None
-    # A character it did not learn (CJK, Greek, an emoji); an added token's content, in any case,
+    # A character it did not learn (Korean, Thai, an emoji); an added token's content, in any case,
     # which the tokenizer reads as that one token; a text past MAX_CHARS.
-    for text in ("東京 tower", "café Ω", "🙂 ok", "fill the [MASK] in", "the [cls] token", "a " * (MAX_CHARS // 2 + 1)):
+    for text in ("서울 tower", "café ก", "🙂 ok", "fill the [MASK] in", "the [cls] token", "a " * (MAX_CHARS // 2 + 1)):
         assert fast.encode(text, "right") is None, text
-    for text in ("fill the MASK in", "café au lait", "it’s “quoted” — ok", "no-break\u00a0space"):
+    for text in ("fill the MASK in", "café au lait", "it’s “quoted” — ok", "no-break\u00a0space", "東京 tower", "Ω"):
         assert fast.encode(text, "right") is not None, text
 
 
@@ -151,7 +155,7 @@ def test_text_tokenizer_mixes_both_paths_in_order(model_spec: ModelSpec, bundled
     tokenizer = TextTokenizer(model_spec, max_tokens=LIMIT)
     assert tokenizer._fast is not None
     long_ascii, long_other = "word " * 40, "mot à mot " * 30
-    texts = ["A query, in ASCII.", "Une requête", "fill the [MASK]", "東京", long_ascii, long_other]
+    texts = ["A query, in ASCII.", "Une requête", "fill the [MASK]", "東京", "서울", long_ascii, long_other]
     for side in ("right", "left"):
         expected = reference(bundled, side).encode_batch(texts)
         got = tokenizer.encode(texts, truncate=True, side=side)
@@ -171,3 +175,17 @@ def test_only_short_words_are_remembered(bundled: Tokenizer) -> None:
     got = fast.encode("x" * (LONGEST_REMEMBERED + 1) + " " + "y" * LONGEST_REMEMBERED, "right")
     assert got is not None and got.ids == reference(bundled, "right", 256).encode("x" * 65 + " " + "y" * 64).ids
     assert fast._remembered.cache_info().currsize == before + 1  # the 64-letter word only
+
+
+def test_ideographs_stay_in_words_where_the_normalizer_does_not_set_them_apart(bundled: Tokenizer) -> None:
+    """Without `handle_chinese_chars` the normalizer puts no spaces around an ideograph: the
+    pre-tokenizer keeps a run of them as one word, and so does the path."""
+    apart = reference(bundled, "right", 256)
+    together = variant(bundled, lambda config: config["normalizer"].update(handle_chinese_chars=False))
+    fast = BertWordPiece.for_tokenizer(together, 256)
+    assert fast is not None
+    together = reference(together, "right", 256)
+    for text in ("東京タワー", "检索增强生成，然后找出。", "a東b 京x"):
+        got = fast.encode(text, "right")
+        assert got is not None and got.ids == together.encode(text).ids, text
+        assert got.ids != apart.encode(text).ids, text  # the two pipelines differ on it
