@@ -32,7 +32,7 @@ import itertools
 import json
 import logging
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple
 
 import numpy as np
@@ -222,14 +222,12 @@ def _learn(tokenizer: Tokenizer) -> LearnedCharacters:
     table: dict[str, str] = {}
     known: list[str] = []
     apart: list[str] = []  # ideographs the normalizer sets apart unchanged, each a word: most of them
-    results = _normalized_each(normalizer, chars)
-    for at in range(0, len(chars), _ASKED_AT_ONCE):
-        some, pieces = chars[at : at + _ASKED_AT_ONCE], results[at : at + _ASKED_AT_ONCE]
+    for some, pieces in zip(_blocks(chars), _blocks(_normalized_each(normalizer, chars))):
         if pieces == [f" {char} " for char in some] and _whole_between_spaces(pre_tokenizer, some) == set(some):
             apart += some
             continue
         for char, normalized in zip(some, pieces):
-            _learn_one(char, normalized, becomes, padded if normalized[:1] == " " else bare, table, known)
+            _learn_one(char, normalized, becomes, padded, bare, table, known)
     # What a character past ASCII becomes must stay as it is (with its spaces): known for a
     # character that became itself, asked for the others. And the pre-tokenizer must keep it in a
     # word or put it alone.
@@ -241,9 +239,9 @@ def _learn(tokenizer: Tokenizer) -> LearnedCharacters:
         for result, normalized in zip(others, _normalized_each(normalizer, others))
         if normalized != (f" {result} " if result in padded else result)
     )
-    results = sorted(set(becomes.values()) - unstable)
-    alone = _whole_between_spaces(pre_tokenizer, [result for result in results if result in padded])
-    plain = [result for result in results if result not in padded]
+    kept = sorted(set(becomes.values()) - unstable)
+    alone = _whole_between_spaces(pre_tokenizer, [result for result in kept if result in padded])
+    plain = [result for result in kept if result not in padded]
     word_chars = set()
     for result, words in zip(plain, _words_each(pre_tokenizer, [f"a{result}b" for result in plain])):
         if words == [f"a{result}b"]:
@@ -277,29 +275,41 @@ _ASKED_AT_ONCE = 512
 
 
 def _learn_one(
-    char: str, normalized: str, becomes: dict[str, str], shape: set[str], table: dict[str, str], known: list[str]
+    char: str,
+    normalized: str,
+    becomes: dict[str, str],
+    padded: set[str],
+    bare: set[str],
+    table: dict[str, str],
+    known: list[str],
 ) -> None:
     """Note what the normalizer made of `char` (see `_learn`); a result past ASCII goes into
-    `shape` too, the set of those that come with spaces around them or of those without."""
+    `padded` when it comes with spaces around it, into `bare` when it comes without."""
     if not normalized.isascii():
-        if len(normalized) == 3 and normalized[0] == normalized[2] == " ":
+        spaced = len(normalized) == 3 and normalized[0] == normalized[2] == " "
+        if spaced:
             normalized = normalized[1]
         if len(normalized) != 1:
             return
         becomes[char] = normalized
-        shape.add(normalized)
+        (padded if spaced else bare).add(normalized)
     else:
         known.append(char)
     if normalized != char:
         table[char] = normalized
 
 
+def _blocks(items: list[str]) -> Iterator[list[str]]:
+    """`items` in blocks of `_ASKED_AT_ONCE`, in order."""
+    for at in range(0, len(items), _ASKED_AT_ONCE):
+        yield items[at : at + _ASKED_AT_ONCE]
+
+
 def _normalized_each(normalizer: Normalizer, chars: list[str]) -> list[str]:
     """What the normalizer makes of each of `chars`, asked about many at once, joined by "0": it
     leaves "0" as it is, and none of them became one when the pieces come back one per character."""
     results: list[str] = []
-    for at in range(0, len(chars), _ASKED_AT_ONCE):
-        some = chars[at : at + _ASKED_AT_ONCE]
+    for some in _blocks(chars):
         pieces = normalizer.normalize_str("0".join(some)).split("0")
         results += pieces if len(pieces) == len(some) else [normalizer.normalize_str(char) for char in some]
     return results
@@ -309,8 +319,7 @@ def _whole_between_spaces(pre_tokenizer: PreTokenizer, chars: list[str]) -> set[
     """Those of `chars` that the pre-tokenizer makes a word of their own when spaces stand around
     them (as the normalizer puts them around a CJK ideograph), asked about many at once."""
     whole: set[str] = set()
-    for at in range(0, len(chars), _ASKED_AT_ONCE):
-        some = chars[at : at + _ASKED_AT_ONCE]
+    for some in _blocks(chars):
         if [word for word, _ in pre_tokenizer.pre_tokenize_str(" ".join(some))] == some:
             whole.update(some)
         else:
@@ -322,8 +331,7 @@ def _words_each(pre_tokenizer: PreTokenizer, texts: list[str]) -> list[list[str]
     """The pre-tokenizer's words of each of `texts`, asked about many at once, joined by spaces;
     each word goes to the text it starts in (one running over a space would match no text's shape)."""
     words: list[list[str]] = []
-    for at in range(0, len(texts), _ASKED_AT_ONCE):
-        some = texts[at : at + _ASKED_AT_ONCE]
+    for some in _blocks(texts):
         ends = list(itertools.accumulate(len(text) + 1 for text in some))
         found: list[list[str]] = [[] for _ in some]
         i = 0
@@ -339,6 +347,8 @@ def _char_class(chars: Iterable[str]) -> str:
     """A regular expression's class of `chars`, runs of consecutive code points as ranges (the CJK
     ideographs are tens of thousands)."""
     codes = np.fromiter(sorted(set(map(ord, chars))), dtype=np.int64)
+    if not codes.size:
+        return ""
     starts = [0, *(np.flatnonzero(np.diff(codes) != 1) + 1).tolist()]
     runs = []
     for start, end in zip(starts, [*starts[1:], len(codes)]):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import string
 
 import numpy as np
@@ -11,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import AddedToken, Tokenizer
 
-from windve.bert_wordpiece import CANDIDATES, LONGEST_REMEMBERED, MAX_CHARS, BertWordPiece
+from windve.bert_wordpiece import CANDIDATES, LONGEST_REMEMBERED, MAX_CHARS, BertWordPiece, _char_class
 from windve.model import ModelSpec
 from windve.tokenizer import InputTooLong, TextTokenizer, load_fast_tokenizer
 
@@ -189,3 +190,15 @@ def test_ideographs_stay_in_words_where_the_normalizer_does_not_set_them_apart(b
         got = fast.encode(text, "right")
         assert got is not None and got.ids == together.encode(text).ids, text
         assert got.ids != apart.encode(text).ids, text  # the two pipelines differ on it
+
+
+def test_character_classes_are_written_as_ranges_and_match_exactly_their_characters() -> None:
+    """The learned classes are written as runs of code points; escaping keeps `-`, `]`, `\\` and
+    `^` literal, and an empty set is an empty class body (a pipeline may learn no word character)."""
+    assert _char_class([]) == ""
+    chars = ["-", "]", "\\", "^", "a", "b", "c", "e", "東", "京", "\u4e00", "\u4e01", "\u4e02"]
+    body = _char_class(chars)
+    assert body.count("-") < len(chars)  # runs came out as ranges
+    pattern = re.compile(f"[{body}]")
+    for code in [*range(0x20, 0x80), *range(0x4DF0, 0x4E10), ord("東"), ord("京"), ord("東") + 1]:
+        assert bool(pattern.fullmatch(chr(code))) == (chr(code) in chars), hex(code)
