@@ -72,13 +72,23 @@ CONNECTION_SPARE = 256  # open files wrk, the server and the bench need beside t
 # ---- inputs ----------------------------------------------------------------------------
 
 
-def distinct_texts(tokenizer: TextTokenizer, count: int, tokens: int, seed: int = 0) -> list[str]:
+def distinct_texts(
+    tokenizer: TextTokenizer,
+    count: int,
+    tokens: int,
+    seed: int = 0,
+    units: list[str] | None = None,
+    joiner: str = " ",
+    exact: bool = True,
+) -> list[str]:
     """`count` different natural-looking texts, each exactly `tokens` ids long (special tokens included).
 
     Each starts at its own place in the filler text, with a few words swapped, cut to the longest
     word prefix that fits and padded with single-token words, as TextTokenizer.text_of_tokens does.
+    Another passage may be given as `units` (its words, or its characters with `joiner` "" for a
+    script written without spaces); `exact=False` keeps the prefix unpadded (at most `tokens` ids).
     """
-    words = FILLER_TEXT.split()
+    words = units if units is not None else FILLER_TEXT.split()
     rng = random.Random(seed)
     texts: list[str] = []
     seen: set[str] = set()
@@ -88,29 +98,29 @@ def distinct_texts(tokenizer: TextTokenizer, count: int, tokens: int, seed: int 
         for _ in range(4):
             a, b = rng.randrange(tokens // 2), rng.randrange(tokens // 2)
             candidate[a], candidate[b] = candidate[b], candidate[a]
-        text = _fit(tokenizer, candidate, tokens)
+        text = _fit(tokenizer, candidate, tokens, joiner, exact)
         if text not in seen:
             seen.add(text)
             texts.append(text)
     lengths = {len(ids) for ids in tokenizer.encode(texts, truncate=False)}
-    if lengths != {tokens}:
+    if exact and lengths != {tokens}:
         raise RuntimeError(f"texts of {sorted(lengths)} tokens built, {tokens} wanted")
     return texts
 
 
-def _fit(tokenizer: TextTokenizer, words: list[str], tokens: int) -> str:
+def _fit(tokenizer: TextTokenizer, words: list[str], tokens: int, joiner: str = " ", pad: bool = True) -> str:
     def length(text: str) -> int:
         return tokenizer.count_tokens([text], add_special_tokens=True, stop_above=1 << 30)
 
     low, high = 0, len(words)
     while low < high:
         mid = (low + high + 1) // 2
-        if length(" ".join(words[:mid])) <= tokens:
+        if length(joiner.join(words[:mid])) <= tokens:
             low = mid
         else:
             high = mid - 1
-    text = " ".join(words[:low])
-    while length(text) < tokens:
+    text = joiner.join(words[:low])
+    while pad and length(text) < tokens:
         text += " a"
     return text
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import sys
 import time
 from pathlib import Path
@@ -29,12 +28,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tokenizers import Tokenizer  # noqa: E402
 
+from bench.served import distinct_texts  # noqa: E402
 from windve.bert_wordpiece import BertWordPiece  # noqa: E402
 from windve.model import load_model_spec  # noqa: E402
-from windve.tokenizer import FILLER_TEXT, load_fast_tokenizer  # noqa: E402
+from windve.tokenizer import FILLER_TEXT, TextTokenizer, load_fast_tokenizer  # noqa: E402
 
 # Filler passages past ASCII, each about retrieval, cut into queries at word (or, for Chinese,
-# character) boundaries as served.py cuts FILLER_TEXT.
+# character) boundaries by served.py's distinct_texts, as it cuts FILLER_TEXT.
 CHINESE = (
     "检索增强生成系统先把用户的问题和知识库中的段落编码为向量，再按向量的相似度找出最相关的段落，"
     "最后把这些段落连同问题一起交给大语言模型生成回答。嵌入服务的延迟直接决定了整个问答流程的响应时间，"
@@ -66,30 +66,6 @@ def typographic(text: str) -> str:
     """English as copied from the web or a PDF: curly apostrophes, em dashes, an accent or two."""
     curly = text.replace("'", "\u2019").replace(" - ", " \u2014 ").replace("e ", "\u00e9 ", 1)
     return curly + " \u201cr\u00e9sum\u00e9\u201d"
-
-
-def queries(units: list[str], joiner: str, tokenizer: Tokenizer, tokens: int, count: int) -> list[str]:
-    """`count` different texts of at most `tokens` ids, each from its own place in a passage's
-    `units` (words, or characters for Chinese) joined by `joiner`."""
-    rng = random.Random(0)
-    texts: list[str] = []
-    while len(texts) < count:
-        start = rng.randrange(len(units))
-        ring = (units[start:] + units[:start]) * 8
-        for _ in range(4):  # a few units swapped, so that short passages give enough distinct texts
-            a, b = rng.randrange(tokens // 2), rng.randrange(tokens // 2)
-            ring[a], ring[b] = ring[b], ring[a]
-        low, high = 1, len(ring)
-        while low < high:  # the longest prefix within `tokens` ids
-            mid = (low + high + 1) // 2
-            if len(tokenizer.encode(joiner.join(ring[:mid])).ids) <= tokens:
-                low = mid
-            else:
-                high = mid - 1
-        text = joiner.join(ring[:low])
-        if text not in texts:
-            texts.append(text)
-    return texts
 
 
 def per_text_us(encode, texts: list[str], rounds: int) -> float:
@@ -134,8 +110,9 @@ def main() -> None:
         "korean": (KOREAN.split(), " "),
     }
     print(f"{'texts':>12} {'tokens':>7} {'fast path':>10} {'tokenizers':>11} {'ratio':>6} {'taken':>6} {'equal':>6}")
+    counter = TextTokenizer(spec, max_tokens=limit)
     for name, (units, joiner) in sets.items():
-        texts = queries(units, joiner, reference, args.tokens, args.texts)
+        texts = distinct_texts(counter, args.texts, args.tokens, units=units, joiner=joiner, exact=False)
         taken = [fast.encode(text, "right") for text in texts]
         expected = reference.encode_batch(texts)
         equal = all(got is None or got.ids == want.ids for got, want in zip(taken, expected))
