@@ -2,12 +2,16 @@
 model's tokenizer (tokenizers), on the same texts, in one run.
 
 For each text set (English ASCII; English with typographic quotes, dashes and accents; Chinese;
-Russian; Greek; Korean, which the path leaves to tokenizers), one text a call as a front end
-tokenizes a query, best of `--rounds` passes over the set: microseconds a text each way, and
-whether the ids are equal. Also the time `BertWordPiece.for_tokenizer` takes once per process
-(learning the characters past ASCII from the tokenizer).
+Russian; Greek; Korean), one text a call as a front end tokenizes a query, best of
+`--rounds` passes over the set: microseconds a text each way, the share of texts the path took
+(the rest go to tokenizers), and whether the ids are equal. Also the time
+`BertWordPiece.for_tokenizer` takes once per process (learning the characters past ASCII from
+the tokenizer).
 
-    python bench/tokenizing.py [--model DIR] [--tokens 75] [--texts 256] [--rounds 3]
+    python bench/tokenizing.py [--model DIR] [--cased] [--tokens 75] [--texts 256] [--rounds 3]
+
+`--cased` runs the model's tokenizer as a cased model's (its normalizer neither lowercases nor
+strips accents, as multilingual-cased BERTs, LaBSE and Korean BERTs keep Hangul syllables whole).
 
 The model defaults to the bundled all-MiniLM-L6-v2 (bert-base-uncased's vocabulary, which holds
 several thousand CJK ideographs, Cyrillic and Greek letters); a bge-*-zh model's vocabulary
@@ -18,6 +22,7 @@ the same either way.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -81,12 +86,17 @@ def per_text_us(encode, texts: list[str], rounds: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, default=None, help="a model folder (default: the bundled model)")
+    parser.add_argument("--cased", action="store_true", help="the tokenizer as a cased model's")
     parser.add_argument("--tokens", type=int, default=75)
     parser.add_argument("--texts", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     spec = load_model_spec(str(args.model) if args.model else None)
     tokenizer = load_fast_tokenizer(spec.path, spec.lower_case)
+    if args.cased:
+        config = json.loads(tokenizer.to_str())
+        config["normalizer"]["lowercase"] = False  # strip_accents unset: it follows lowercase
+        tokenizer = Tokenizer.from_str(json.dumps(config))
     limit = spec.max_seq_length
 
     loads = []

@@ -11,16 +11,17 @@ their words): ~18 us for the same query, the ids equal.
 
 Past ASCII, the characters of text copied from the web or a PDF (accented Latin letters, combining
 accents, curly quotes, dashes, no-break and thin spaces, currency signs) and of the scripts BERT
-WordPiece models are made for besides English (Greek, Cyrillic, Vietnamese, Chinese and Japanese,
-whose ideographs the normalizer puts spaces around; fullwidth punctuation): `CANDIDATES`, are
-learned at load from the tokenizer's own normalizer and pre-tokenizer (`_learn`): what each
-becomes, and whether it is part of a word or stands alone. A text holding them is mapped by that
+WordPiece models are made for besides English (Greek, Cyrillic, Vietnamese, Thai, Chinese and
+Japanese, whose ideographs the normalizer puts spaces around; Korean, whose syllables it makes two
+or three jamo each where it strips accents; fullwidth punctuation): `CANDIDATES`, are learned at
+load from the tokenizer's own normalizer and pre-tokenizer (`_learn`): what each becomes, and
+whether it is part of a word or stands alone. A text holding them is mapped by that
 table and split the same way: ~27 us for the same query with a few of them, against ~100 through
 tokenizers.
 
 It serves a tokenizer only when its pipeline is exactly that one (normalizer, pre-tokenizer, model,
 a post-processor that puts fixed tokens around one text) and it agrees with the tokenizer on probe
-texts at load. A text holding a character it did not learn (Korean, Thai, emoji, ...), or an added
+texts at load. A text holding a character it did not learn (Arabic, Hindi, emoji, ...), or an added
 token's content in any case, before or after normalizing (`[MASK]` in a query is one token to the
 tokenizer), or that is longer than `MAX_CHARS`, is left to the tokenizer.
 """
@@ -66,11 +67,15 @@ CANDIDATES = (
     *range(0x80, 0x250),  # Latin-1 Supplement, Latin Extended-A and -B
     *range(0x300, 0x370),  # combining diacritical marks
     *range(0x370, 0x530),  # Greek, Cyrillic and its supplement
+    *range(0xE00, 0xE80),  # Thai
+    *range(0x1100, 0x1200),  # Hangul jamo
     *range(0x1E00, 0x1F00),  # Latin Extended Additional (Vietnamese)
     *range(0x2000, 0x2070),  # general punctuation: spaces, dashes, quotes, bullets, ellipsis
     *range(0x20A0, 0x20D0),  # currency signs
     *range(0x3000, 0x3100),  # CJK symbols and punctuation, hiragana, katakana
+    *range(0x3130, 0x3190),  # Hangul compatibility jamo
     *range(0x4E00, 0xA000),  # CJK unified ideographs (what bge-*-zh and Chinese BERTs read)
+    *range(0xAC00, 0xD7A4),  # Hangul syllables (NFD, where the normalizer strips accents, makes each two or three jamo)
     *range(0xF900, 0xFB00),  # CJK compatibility ideographs
     *range(0xFF00, 0xFFF0),  # halfwidth and fullwidth forms (Chinese commas, full stops, brackets)
 )
@@ -95,6 +100,8 @@ _WIDE_PROBES = (
     "\u68c0\u7d22\u589e\u5f3a\u751f\u6210\uff08RAG\uff09\u628a\u95ee\u9898\u5d4c\u5165\u4e3a\u5411\u91cf\u3002"
     "\u6771\u4eac\u30bf\u30ef\u30fc\u3001\uf900 \u041f\u0440\u0438\u0432\u0435\u0442\u0401 \u039f\u0394\u039f\u03a3 "
     "Vi\u1ec7t \uff21\uff22\uff23\uff11\uff12\uff13\uff0c",
+    "\uac80\uc0c9 \uc99d\uac15 \uc0dd\uc131(RAG)\uc740 \uc9c8\ubb38\uc744 \ubca1\ud130\ub85c. "
+    "\u3131\u314f \u1100\u1161 \u0e20\u0e32\u0e29\u0e32\u0e44\u0e17\u0e22 \u0e04\u0e49\u0e19\u0e2b\u0e32",
 )
 
 
@@ -210,13 +217,15 @@ def _learn(tokenizer: Tokenizer) -> LearnedCharacters:
     a character at a time (BERT's normalizer maps each, its accent stripping drops every combining
     mark it makes, and its pre-tokenizer splits at whitespace and around punctuation), so a text's
     result is its characters' put together. A character is taken when the normalizer makes it
-    ASCII, nothing, or one character past ASCII that it leaves as it is, alone or with spaces
-    around it (a CJK ideograph, when the normalizer handles Chinese characters), and that the
-    pre-tokenizer keeps in a word or puts alone; the probes at load and a property test hold the
-    whole to the tokenizer. `tokenizer` is one `_bert_lowercase` took, so it has both stages."""
+    ASCII, nothing, one character past ASCII that it leaves as it is, alone or with spaces around
+    it (a CJK ideograph, when the normalizer handles Chinese characters), or several without spaces
+    (a Hangul syllable's jamo, under NFD) that it leaves as they are, and when the pre-tokenizer
+    keeps each such character in a word or puts it alone; the probes at load and a property test
+    hold the whole to the tokenizer. `tokenizer` is one `_bert_lowercase` took, so it has both stages."""
     normalizer, pre_tokenizer = tokenizer.normalizer, tokenizer.pre_tokenizer
     chars = [chr(code) for code in CANDIDATES]
     becomes: dict[str, str] = {}  # past ASCII: the one character each becomes
+    several: dict[str, str] = {}  # and the characters that become several past ASCII (a syllable's jamo)
     padded: set[str] = set()  # of those, the ones it comes with spaces around
     bare: set[str] = set()  # and those it comes without
     table: dict[str, str] = {}
@@ -227,19 +236,24 @@ def _learn(tokenizer: Tokenizer) -> LearnedCharacters:
             apart += some
             continue
         for char, normalized in zip(some, pieces):
-            _learn_one(char, normalized, becomes, padded, bare, table, known)
+            _learn_one(char, normalized, becomes, several, padded, bare, table, known)
     # What a character past ASCII becomes must stay as it is (with its spaces): known for a
     # character that became itself, asked for the others. And the pre-tokenizer must keep it in a
     # word or put it alone.
+    # Each of several characters must itself stay as it is and in a word or alone, as a single
+    # result must; it comes without spaces (bare).
+    parts = {part for part in "".join(several.values()) if not part.isascii()}
+    bare |= parts
+    results = set(becomes.values()) | parts
     same = {char for char, result in becomes.items() if result == char}
-    others = sorted(set(becomes.values()) - same)
+    others = sorted(results - same)
     unstable = padded & bare  # set apart where one character becomes it, not where another does
     unstable.update(
         result
         for result, normalized in zip(others, _normalized_each(normalizer, others))
         if normalized != (f" {result} " if result in padded else result)
     )
-    kept = sorted(set(becomes.values()) - unstable)
+    kept = sorted(results - unstable)
     alone = _whole_between_spaces(pre_tokenizer, [result for result in kept if result in padded])
     plain = [result for result in kept if result not in padded]
     word_chars = set()
@@ -251,6 +265,12 @@ def _learn(tokenizer: Tokenizer) -> LearnedCharacters:
     taken = word_chars | alone
     for char, result in becomes.items():
         if result in taken:
+            known.append(char)
+        else:
+            table.pop(char, None)
+    left = parts - taken
+    for char, result in several.items():
+        if left.isdisjoint(result):
             known.append(char)
         else:
             table.pop(char, None)
@@ -278,17 +298,22 @@ def _learn_one(
     char: str,
     normalized: str,
     becomes: dict[str, str],
+    several: dict[str, str],
     padded: set[str],
     bare: set[str],
     table: dict[str, str],
     known: list[str],
 ) -> None:
     """Note what the normalizer made of `char` (see `_learn`); a result past ASCII goes into
-    `padded` when it comes with spaces around it, into `bare` when it comes without."""
+    `padded` when it comes with spaces around it, into `bare` when it comes without, and one of
+    several characters without spaces into `several`."""
     if not normalized.isascii():
         spaced = len(normalized) == 3 and normalized[0] == normalized[2] == " "
         if spaced:
             normalized = normalized[1]
+        elif len(normalized) > 1 and " " not in normalized:
+            several[char] = table[char] = normalized
+            return
         if len(normalized) != 1:
             return
         becomes[char] = normalized
