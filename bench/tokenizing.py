@@ -2,7 +2,7 @@
 model's tokenizer (tokenizers), on the same texts, in one run.
 
 For each text set (English ASCII; English with typographic quotes, dashes and accents; Chinese;
-Russian; Greek; Korean), one text a call as a front end tokenizes a query, best of
+Russian; Greek; Korean; Arabic), one text a call as a front end tokenizes a query, best of
 `--rounds` passes over the set: microseconds a text each way, the share of texts the path took
 (the rest go to tokenizers), and whether the ids are equal. Also the time
 `BertWordPiece.for_tokenizer` takes once per process (learning the characters past ASCII from
@@ -65,6 +65,11 @@ KOREAN = (
     "유사한 문단을 찾아 질문과 함께 대규모 언어 모델에 전달합니다. 임베딩 서비스의 지연 시간은 전체 "
     "파이프라인의 응답 시간을 결정합니다."
 )
+ARABIC = (
+    "يقوم نظام التوليد المعزز بالاسترجاع أولا بترميز سؤال المستخدم وفقرات قاعدة المعرفة إلى متجهات، ثم "
+    "يبحث عن الفقرات الأكثر تشابها ويمررها مع السؤال إلى نموذج لغوي كبير. يحدد زمن استجابة خدمة "
+    "التضمين زمن استجابة السلسلة كلها، لذلك يجب حساب المتجهات بكفاءة ورفض الطلبات الزائدة بسرعة."
+)
 
 
 def typographic(text: str) -> str:
@@ -118,6 +123,7 @@ def main() -> None:
         "russian": (RUSSIAN.split(), " "),
         "greek": (GREEK.split(), " "),
         "korean": (KOREAN.split(), " "),
+        "arabic": (ARABIC.split(), " "),
     }
     print(f"{'texts':>12} {'tokens':>7} {'fast path':>10} {'tokenizers':>11} {'ratio':>6} {'taken':>6} {'equal':>6}")
     counter = TextTokenizer(spec, max_tokens=limit)

@@ -11,9 +11,9 @@ their words): ~18 us for the same query, the ids equal.
 
 Past ASCII, the characters of text copied from the web or a PDF (accented Latin letters, combining
 accents, curly quotes, dashes, no-break and thin spaces, currency signs) and of the scripts BERT
-WordPiece models are made for besides English (Greek, Cyrillic, Vietnamese, Thai, Chinese and
-Japanese, whose ideographs the normalizer puts spaces around; Korean, whose syllables it makes two
-or three jamo each where it strips accents; fullwidth punctuation): `CANDIDATES`, are learned at
+WordPiece models are made for besides English (Greek, Cyrillic, Hebrew, Arabic, Hindi, Vietnamese,
+Thai, Chinese and Japanese, whose ideographs the normalizer puts spaces around; Korean, whose
+syllables it makes two or three jamo each where it strips accents; fullwidth punctuation): `CANDIDATES`, are learned at
 load from the tokenizer's own normalizer and pre-tokenizer (`_learn`): what each becomes, and
 whether it is part of a word or stands alone. A text holding them is mapped by that
 table and split the same way: ~27 us for the same query with a few of them, against ~100 through
@@ -21,7 +21,7 @@ tokenizers.
 
 It serves a tokenizer only when its pipeline is exactly that one (normalizer, pre-tokenizer, model,
 a post-processor that puts fixed tokens around one text) and it agrees with the tokenizer on probe
-texts at load. A text holding a character it did not learn (Arabic, Hindi, emoji, ...), or an added
+texts at load. A text holding a character it did not learn (Bengali, Tamil, emoji, ...), or an added
 token's content in any case, before or after normalizing (`[MASK]` in a query is one token to the
 tokenizer), or that is longer than `MAX_CHARS`, is left to the tokenizer.
 """
@@ -67,6 +67,8 @@ CANDIDATES = (
     *range(0x80, 0x250),  # Latin-1 Supplement, Latin Extended-A and -B
     *range(0x300, 0x370),  # combining diacritical marks
     *range(0x370, 0x530),  # Greek, Cyrillic and its supplement
+    *range(0x590, 0x700),  # Hebrew, Arabic
+    *range(0x900, 0x980),  # Devanagari
     *range(0xE00, 0xE80),  # Thai
     *range(0x1100, 0x1200),  # Hangul jamo
     *range(0x1E00, 0x1F00),  # Latin Extended Additional (Vietnamese)
@@ -101,7 +103,10 @@ _WIDE_PROBES = (
     "\u6771\u4eac\u30bf\u30ef\u30fc\u3001\uf900 \u041f\u0440\u0438\u0432\u0435\u0442\u0401 \u039f\u0394\u039f\u03a3 "
     "Vi\u1ec7t \uff21\uff22\uff23\uff11\uff12\uff13\uff0c",
     "\uac80\uc0c9 \uc99d\uac15 \uc0dd\uc131(RAG)\uc740 \uc9c8\ubb38\uc744 \ubca1\ud130\ub85c. "
-    "\u3131\u314f \u1100\u1161 \u0e20\u0e32\u0e29\u0e32\u0e44\u0e17\u0e22 \u0e04\u0e49\u0e19\u0e2b\u0e32",
+    "\u3131\u314f \u1100\u1161 \u0e20\u0e32\u0e29\u0e32\u0e44\u0e17\u0e22 \u0e04\u0e49\u0e19\u0e2b\u0e32 "
+    "\u0645\u0631\u062d\u0628\u0627\u060c "
+    "\u0627\u0644\u0652\u0639\u064e\u0631\u064e\u0628\u0650\u064a\u064e\u0651\u0629\u061f "
+    "\u05e9\u05b8\u05c1\u05dc\u05d5\u05b9\u05dd \u0928\u092e\u0938\u094d\u0924\u0947\u0964 \u0958\u0929",
 )
 
 

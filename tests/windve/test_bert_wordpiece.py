@@ -52,16 +52,16 @@ _CHARACTERS = st.sampled_from(
 _WORDS = st.sampled_from(["embedding", "Retrieval", "unaffable", "GPU", "don't", "snake_case", "3.14", "a" * 120])
 _TEXTS = st.lists(st.one_of(_CHARACTERS, _WORDS, st.just(" ")), min_size=1, max_size=60).map("".join)
 # Past ASCII: every character the path may learn (accented letters of both cases, combining accents,
-# typographic spaces, dashes and quotes, currency, Greek, Cyrillic, Vietnamese, Thai, CJK ideographs,
-# kana, Hangul syllables and jamo, fullwidth forms), words made of them, and characters it leaves to
-# the tokenizer (an emoji, the trademark sign, Arabic, rare ideographs: of extension A and past the
-# basic plane).
-_LEFT_OUT = "🙂™\u0627\u3400\U00020000"
+# typographic spaces, dashes and quotes, currency, Greek, Cyrillic, Hebrew, Arabic, Devanagari,
+# Vietnamese, Thai, CJK ideographs, kana, Hangul syllables and jamo, fullwidth forms), words made of
+# them, and characters it leaves to the tokenizer (an emoji, the trademark sign, Bengali, rare
+# ideographs: of extension A and past the basic plane).
+_LEFT_OUT = "🙂™\u0995\u3400\U00020000"
 _WIDE_CHARACTERS = st.sampled_from([chr(code) for code in CANDIDATES] + list(_LEFT_OUT))
 _WIDE_WORDS = st.sampled_from(
     ["café", "NAÏVE", "Ærøskøbing", "e\u0301", "it’s", "“quoted”", "—", "5\u00a0€", "检索增强生成。", "東京タワー",
      "ガ\u3099", "Ёлка", "ΟΔΟΣ", "Việt", "ＡＢＣ１２３，", "\uf900", "검색 증강 생성", "한국어", "ㄱㄴㄷ", "ᄀ\u1161",
-     "ภาษาไทย", "ค้นหา"]
+     "ภาษาไทย", "ค้นหา", "مرحبا، بالعالم؟", "الْعَرَبِيَّة", "שָׁלוֹם", "नमस्ते दुनिया।", "क़"]
 )
 _WIDE_TEXTS = st.lists(
     st.one_of(_CHARACTERS, _WORDS, _WIDE_CHARACTERS, _WIDE_WORDS, st.just(" ")), min_size=1, max_size=60
@@ -121,13 +121,13 @@ def test_every_candidate_character_alone_and_among_letters(
 def test_texts_the_path_leaves_to_the_tokenizer(bundled: Tokenizer) -> None:
     fast = BertWordPiece.for_tokenizer(bundled, 256)
     assert fast is not None
-    # A character it did not learn (Arabic, an emoji); an added token's content, in any case,
+    # A character it did not learn (Bengali, an emoji); an added token's content, in any case,
     # which the tokenizer reads as that one token; a text past MAX_CHARS.
-    left = ("سلام tower", "café \u3400", "🙂 ok", "fill the [MASK] in", "the [cls] token", "a " * (MAX_CHARS // 2 + 1))
+    left = ("বাংলা tower", "café \u3400", "🙂 ok", "fill the [MASK] in", "the [cls] token", "a " * (MAX_CHARS // 2 + 1))
     for text in left:
         assert fast.encode(text, "right") is None, text
     for text in ("fill the MASK in", "café au lait", "it’s “quoted” — ok", "no-break\u00a0space", "東京 tower", "Ω",
-                 "서울 tower", "café ก"):
+                 "서울 tower", "café ก", "سلام tower"):
         assert fast.encode(text, "right") is not None, text
 
 
@@ -160,7 +160,7 @@ def test_text_tokenizer_mixes_both_paths_in_order(model_spec: ModelSpec, bundled
     tokenizer = TextTokenizer(model_spec, max_tokens=LIMIT)
     assert tokenizer._fast is not None
     long_ascii, long_other = "word " * 40, "mot à mot " * 30
-    texts = ["A query, in ASCII.", "Une requête", "fill the [MASK]", "東京", "서울", "سلام", long_ascii, long_other]
+    texts = ["A query, in ASCII.", "Une requête", "fill the [MASK]", "東京", "서울", "বাংলা", long_ascii, long_other]
     for side in ("right", "left"):
         expected = reference(bundled, side).encode_batch(texts)
         got = tokenizer.encode(texts, truncate=True, side=side)
