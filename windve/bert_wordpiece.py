@@ -243,10 +243,9 @@ def _learn(tokenizer: Tokenizer) -> LearnedCharacters:
         for char, normalized in zip(some, pieces):
             _learn_one(char, normalized, becomes, several, padded, bare, table, known)
     # What a character past ASCII becomes must stay as it is (with its spaces): known for a
-    # character that became itself, asked for the others. And the pre-tokenizer must keep it in a
-    # word or put it alone.
-    # Each of several characters must itself stay as it is and in a word or alone, as a single
-    # result must; it comes without spaces (bare).
+    # character that became itself, asked for the others; so must each of the several characters
+    # one becomes (they come without spaces: bare). And the pre-tokenizer must keep each in a word
+    # or put it alone.
     parts = {part for part in "".join(several.values()) if not part.isascii()}
     bare |= parts
     results = set(becomes.values()) | parts
@@ -310,8 +309,8 @@ def _learn_one(
     known: list[str],
 ) -> None:
     """Note what the normalizer made of `char` (see `_learn`); a result past ASCII goes into
-    `padded` when it comes with spaces around it, into `bare` when it comes without, and one of
-    several characters without spaces into `several`."""
+    `padded` when it comes with spaces around it, into `bare` when it comes without, and a result
+    of several characters without spaces into `several`."""
     if not normalized.isascii():
         spaced = len(normalized) == 3 and normalized[0] == normalized[2] == " "
         if spaced:
