@@ -13,10 +13,10 @@ Past ASCII, the characters of text copied from the web or a PDF (accented Latin 
 accents, curly quotes, dashes, no-break and thin spaces, currency signs) and of the scripts BERT
 WordPiece models are made for besides English (Greek, Cyrillic, Hebrew, Arabic, Hindi, Vietnamese,
 Thai, Chinese and Japanese, whose ideographs the normalizer puts spaces around; Korean, whose
-syllables it makes two or three jamo each where it strips accents; fullwidth punctuation): `CANDIDATES`, are learned at
-load from the tokenizer's own normalizer and pre-tokenizer (`_learn`): what each becomes, and
-whether it is part of a word or stands alone. A text holding them is mapped by that
-table and split the same way: ~27 us for the same query with a few of them, against ~100 through
+syllables it makes two or three jamo each where it strips accents; fullwidth punctuation):
+`CANDIDATES`, are learned at load from the tokenizer's own normalizer and pre-tokenizer
+(`_learn`): what each becomes, and whether it is part of a word or stands alone. A text holding
+them is mapped by that table and split the same way: ~27 us for the same query with a few of them, against ~100 through
 tokenizers.
 
 It serves a tokenizer only when its pipeline is exactly that one (normalizer, pre-tokenizer, model,
@@ -60,9 +60,10 @@ _ASCII_PUNCTUATION = r"!-/:-@\[-`{-~"
 _WORD = re.compile(f"[A-Za-z0-9]+|[{_ASCII_PUNCTUATION}]")
 
 # Characters past ASCII that the path learns from the tokenizer itself at load (`_learn`): accented
-# Latin letters, combining accents, typographic punctuation and spaces, currency signs. Documents
-# and queries copied from the web or from PDFs hold them (curly quotes, dashes, no-break spaces,
-# accented names), and one of them sent the whole text to the tokenizer.
+# Latin letters, combining accents, typographic punctuation and spaces, currency signs, and the
+# scripts named below. Documents and queries copied from the web or from PDFs hold them (curly
+# quotes, dashes, no-break spaces, accented names), and one of them sent the whole text to the
+# tokenizer.
 CANDIDATES = (
     *range(0x80, 0x250),  # Latin-1 Supplement, Latin Extended-A and -B
     *range(0x300, 0x370),  # combining diacritical marks
@@ -266,14 +267,8 @@ def _learn(tokenizer: Tokenizer) -> LearnedCharacters:
             word_chars.add(result)
         elif words == ["a", result, "b"]:
             alone.add(result)
-    taken = word_chars | alone
-    for char, result in becomes.items():
-        if result in taken:
-            known.append(char)
-        else:
-            table.pop(char, None)
-    left = parts - taken
-    for char, result in several.items():
+    left = results - word_chars - alone  # a character that becomes any of these is not taken
+    for char, result in itertools.chain(becomes.items(), several.items()):
         if left.isdisjoint(result):
             known.append(char)
         else:
